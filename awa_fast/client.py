@@ -1,0 +1,172 @@
+"""Enqueue: validated, encoded, written on the caller's connection.
+
+Every check here runs before anything is written, so bad input raises a
+typed error and leaves the caller's transaction usable.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import orjson
+import psycopg
+
+from awa_fast import _impl
+from awa_fast.errors import InvalidName, OutOfRange, PayloadError
+from awa_fast.storage import RawJson, Storage, connect
+
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:\-]{0,99}")
+PRIORITY_MIN, PRIORITY_MAX, PRIORITY_DEFAULT = 1, 4, 2
+MAX_ATTEMPTS_MAX = 1000
+MAX_DELAY_S = 10 * 365 * 86400.0
+MAX_PAYLOAD_BYTES = 1 << 20  # 1 MiB of encoded JSON per args or metadata
+MAX_DEPTH = 32
+
+
+def validate_name(what: str, value: object) -> str:
+    """Return a valid queue or kind name, else raise :class:`InvalidName`."""
+    if not isinstance(value, str) or not NAME_RE.fullmatch(value):
+        raise InvalidName(what, value, "use 1-100 characters: letters, digits and _ . : - "
+                          "(starting with a letter or digit)")
+    return value
+
+
+def validate_priority(priority: object) -> int:
+    """Priorities are 1 (highest) to 4."""
+    if isinstance(priority, bool) or not isinstance(priority, int) or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise OutOfRange("priority", priority, PRIORITY_MIN, PRIORITY_MAX)
+    return priority
+
+
+def validate_max_attempts(value: object) -> int:
+    """At least one attempt, at most 1000."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_ATTEMPTS_MAX:
+        raise OutOfRange("max_attempts", value, 1, MAX_ATTEMPTS_MAX)
+    return value
+
+
+def validate_delay(seconds: object, what: str = "delay") -> float:
+    """A finite, non-negative delay of at most ten years, in seconds."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
+            or not 0 <= seconds <= MAX_DELAY_S:
+        raise OutOfRange(what, seconds, 0, MAX_DELAY_S)
+    return float(seconds)
+
+
+def validate_run_at(run_at: object) -> _dt.datetime:
+    """An aware datetime (naive ones are ambiguous and refused)."""
+    if not isinstance(run_at, _dt.datetime) or run_at.tzinfo is None or run_at.utcoffset() is None:
+        raise PayloadError("run_at must be a timezone-aware datetime", "run_at")
+    return run_at
+
+
+def encode_payload(obj: Any, what: str = "args", limit: int = MAX_PAYLOAD_BYTES) -> RawJson:
+    """Check and JSON-encode job args or metadata, or raise :class:`PayloadError`."""
+    _impl.check_payload(obj, MAX_DEPTH)
+    try:
+        data = orjson.dumps(obj)
+    except (TypeError, orjson.JSONEncodeError) as exc:
+        raise PayloadError(f"{what} cannot be encoded as JSON ({exc})", "$") from None
+    if len(data) > limit:
+        raise PayloadError(f"{what} is {len(data)} bytes of JSON, over the {limit}-byte limit", "$")
+    return RawJson(data)
+
+
+class Client:
+    """Enqueue jobs into one awa-fast schema.
+
+    Pass ``conn=`` to enqueue inside your own open psycopg transaction (the
+    job commits or rolls back with your data); without it, the client uses
+    its own connection to ``dsn`` and commits at once.
+    """
+
+    def __init__(self, dsn: str | None = None, schema: str = "awa_fast", *,
+                 default_queue: str = "default", max_payload_bytes: int = MAX_PAYLOAD_BYTES) -> None:
+        self.storage = Storage(schema)
+        self.dsn = dsn
+        self.default_queue = validate_name("queue", default_queue)
+        self.max_payload_bytes = max_payload_bytes
+        self._conn: psycopg.Connection | None = None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(schema={self.storage.schema!r})"
+
+    def _own_conn(self) -> psycopg.Connection:
+        if self._conn is None or self._conn.closed:
+            if self.dsn is None:
+                raise PayloadError("no connection: pass conn= or create the client with a dsn", "conn")
+            self._conn = connect(self.dsn, application_name="awa_fast:client")
+        return self._conn
+
+    def close(self) -> None:
+        """Close the client's own connection (not the ones passed in)."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _prepare(self, kind: str, args: Any, queue: str | None, priority: int | None,
+                 max_attempts: int | None, metadata: Any, run_at: _dt.datetime | None,
+                 delay: float | None) -> tuple[str, int, str, RawJson, RawJson | None, int,
+                                               _dt.datetime | None, float | None]:
+        validate_name("kind", kind)
+        q = validate_name("queue", queue if queue is not None else self.default_queue)
+        prio = validate_priority(PRIORITY_DEFAULT if priority is None else priority)
+        attempts = validate_max_attempts(25 if max_attempts is None else max_attempts)
+        if run_at is not None and delay is not None:
+            raise PayloadError("give run_at or delay, not both", "run_at")
+        when = validate_run_at(run_at) if run_at is not None else None
+        wait = validate_delay(delay) if delay is not None else None
+        a = encode_payload({} if args is None else args, "args", self.max_payload_bytes)
+        m = encode_payload(metadata, "metadata", self.max_payload_bytes) if metadata is not None else None
+        return q, prio, kind, a, m, attempts, when, wait
+
+    def enqueue(self, kind: str, args: Any = None, *, queue: str | None = None, priority: int | None = None,
+                max_attempts: int | None = None, metadata: Any = None, run_at: _dt.datetime | None = None,
+                delay: float | None = None, conn: psycopg.Connection | None = None) -> int:
+        """Enqueue one job; returns its id. With ``conn`` it joins that connection's transaction."""
+        q, prio, kind, a, m, attempts, when, wait = self._prepare(
+            kind, args, queue, priority, max_attempts, metadata, run_at, delay)
+        target = conn if conn is not None else self._own_conn()
+        return self.storage.job_enqueue(target, q, prio, kind, a, m, attempts, when, wait)
+
+    async def enqueue_async(self, kind: str, args: Any = None, *, conn: psycopg.AsyncConnection,
+                            queue: str | None = None, priority: int | None = None,
+                            max_attempts: int | None = None, metadata: Any = None,
+                            run_at: _dt.datetime | None = None, delay: float | None = None) -> int:
+        """Enqueue one job on an async connection, inside its transaction."""
+        q, prio, kind, a, m, attempts, when, wait = self._prepare(
+            kind, args, queue, priority, max_attempts, metadata, run_at, delay)
+        return await self.storage.job_enqueue_async(conn, q, prio, kind, a, m, attempts, when, wait)
+
+    def enqueue_many(self, kind: str, args_list: Iterable[Any], *, queue: str | None = None,
+                     priority: int | None = None, max_attempts: int | None = None, metadata: Any = None,
+                     conn: psycopg.Connection | None = None, chunk: int = 50_000,
+                     progress: Any = None) -> int:
+        """Bulk-enqueue jobs of one kind by binary COPY; returns how many.
+
+        Every payload is checked and encoded before the first row is sent.
+        With ``conn`` the rows join that transaction; otherwise they commit
+        in one transaction on the client's connection. ``progress`` is an
+        optional callable taking the number of rows written so far.
+        """
+        validate_name("kind", kind)
+        q = validate_name("queue", queue if queue is not None else self.default_queue)
+        prio = validate_priority(PRIORITY_DEFAULT if priority is None else priority)
+        attempts = validate_max_attempts(25 if max_attempts is None else max_attempts)
+        payloads: Sequence[bytes] = [encode_payload({} if a is None else a, "args", self.max_payload_bytes)
+                                     for a in args_list]
+        m = encode_payload(metadata, "metadata", self.max_payload_bytes) if metadata is not None else None
+        target = conn if conn is not None else self._own_conn()
+        done = 0
+        with target.transaction():
+            for start in range(0, len(payloads), chunk):
+                part = payloads[start:start + chunk]
+                self.storage.job_enqueue_copy(target, q, prio, kind, part, m, attempts)
+                done += len(part)
+                if progress is not None:
+                    progress(done)
+        return done

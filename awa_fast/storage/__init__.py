@@ -1,0 +1,433 @@
+"""The storage layer: the only code in awa-fast that runs SQL.
+
+It reads like a table of contents of the storage engine (ADR-019/023):
+enqueue (``job_enqueue``, ``job_enqueue_many``, ``job_enqueue_copy``), the
+claim path (``lane_claim``), completion (``receipt_complete``), attempt
+transitions (``attempt_close``, ``attempt_heartbeat``,
+``attempt_register_callback``, ``callback_resolve``, ``job_cancel``),
+maintenance (``deferred_promote``, ``receipt_rescue_stale``,
+``lease_rescue_expired``, ``ring_rotate``, ``ring_prune``,
+``dlq_retention_prune``) and reads (``queue_depth_fast``,
+``queue_counts_exact``, ``job_load``, ``dlq_list``).
+
+Every method takes the psycopg connection to run on, so enqueue joins the
+caller's own transaction. Names follow the named queries in
+``awa_fast/sql/queries.sql``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg.adapt import Buffer, Dumper, Loader
+from psycopg.pq import Format
+
+from awa_fast import _impl
+from awa_fast.errors import DatabaseUnavailable, SchemaNotMigrated, SchemaTooNew
+from awa_fast.jobs import ClaimSnapshot
+from awa_fast.storage.schema import latest_version, named_queries, render, validate_schema
+
+JSONB_OID = 3802
+
+
+class RawJson(bytes):
+    """Already-encoded JSON bytes, sent to PostgreSQL as ``jsonb`` without re-encoding."""
+
+
+class _RawJsonDumper(Dumper):
+    oid = JSONB_OID
+
+    def dump(self, obj: bytes) -> Buffer:
+        return obj
+
+
+class _RawJsonbTextLoader(Loader):
+    def load(self, data: Buffer) -> bytes:
+        return bytes(data)
+
+
+class _RawJsonbBinaryLoader(Loader):
+    format = Format.BINARY
+
+    def load(self, data: Buffer) -> bytes:
+        return bytes(data[1:])  # jsonb binary: version byte, then the text
+
+
+psycopg.adapters.register_dumper(RawJson, _RawJsonDumper)
+
+
+def use_raw_jsonb(conn: psycopg.Connection | psycopg.AsyncConnection) -> None:
+    """Make ``jsonb`` results on ``conn`` come back as raw JSON bytes (decoded lazily)."""
+    conn.adapters.register_loader("jsonb", _RawJsonbTextLoader)
+    conn.adapters.register_loader("jsonb", _RawJsonbBinaryLoader)
+
+
+@dataclass(frozen=True, slots=True)
+class LaneRange:
+    """A reserved lane sequence range in a ready slot (for a COPY of ready rows)."""
+
+    lane_id: int
+    first_seq: int
+    ready_slot: int
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptResult:
+    """Result of one attempt write: ``status`` is ``ok``, ``stale`` or ``cancel``."""
+
+    job_id: int
+    run_lease: int
+    status: str
+
+
+# attempt_close outcome codes (sql/0002_storage_functions.sql)
+CLOSE_COMPLETE = 1
+CLOSE_FAIL = 2
+CLOSE_CANCEL = 3
+CLOSE_RETRY = 4
+CLOSE_SNOOZE = 5
+
+_READY_COPY = "COPY __SCHEMA__.ready_entries_{slot} (ready_slot, lane_id, lane_seq, job_id, kind, args, metadata, attempt, max_attempts, lease_base) FROM STDIN (FORMAT binary)"
+_DONE_COPY = "COPY __SCHEMA__.done_entries (ready_slot, job_id, lane_id, lane_seq, run_lease, attempt, state, queue, kind) FROM STDIN (FORMAT binary)"
+_CLOSURE_COPY = "COPY __SCHEMA__.lease_claim_closures (claim_slot, claim_id, job_id, run_lease, outcome) FROM STDIN (FORMAT binary)"
+
+
+class Storage:
+    """All SQL of one awa-fast schema. Stateless apart from its rendered queries."""
+
+    __slots__ = ("schema", "q", "channel", "_done_copy", "_closure_copy")
+
+    def __init__(self, schema: str = "awa_fast") -> None:
+        self.schema = validate_schema(schema)
+        self.q = named_queries(schema)
+        self.channel = f"awa_fast_{schema}"
+        self._done_copy = render(_DONE_COPY, schema)
+        self._closure_copy = render(_CLOSURE_COPY, schema)
+
+    def __repr__(self) -> str:
+        return f"Storage(schema={self.schema!r})"
+
+    # -- schema ---------------------------------------------------------------
+
+    def schema_check(self, conn: psycopg.Connection) -> None:
+        """Raise :class:`SchemaNotMigrated` or :class:`SchemaTooNew` unless the schema matches."""
+        from awa_fast.storage.migrate import schema_version
+
+        found = schema_version(conn, self.schema)
+        expected = latest_version()
+        if found < expected:
+            raise SchemaNotMigrated(self.schema, expected, found or None)
+        if found > expected:
+            raise SchemaTooNew(self.schema, expected, found)
+
+    # -- enqueue --------------------------------------------------------------
+
+    def job_enqueue(self, conn: psycopg.Connection, queue: str, priority: int, kind: str, args: RawJson,
+                    metadata: RawJson | None, max_attempts: int, run_at: _dt.datetime | None = None,
+                    delay: float | None = None) -> int:
+        """Enqueue one job on ``conn`` (in its current transaction); returns the job id."""
+        if delay is not None and delay > 0:
+            row = conn.execute(self.q["job_enqueue_in"],
+                               (queue, priority, kind, args, metadata, max_attempts, delay)).fetchone()
+        else:
+            row = conn.execute(self.q["job_enqueue"],
+                               (queue, priority, kind, args, metadata, max_attempts, run_at)).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    async def job_enqueue_async(self, conn: psycopg.AsyncConnection, queue: str, priority: int, kind: str,
+                                args: RawJson, metadata: RawJson | None, max_attempts: int,
+                                run_at: _dt.datetime | None = None, delay: float | None = None) -> int:
+        """Async twin of :meth:`job_enqueue`."""
+        if delay is not None and delay > 0:
+            cur = await conn.execute(self.q["job_enqueue_in"],
+                                     (queue, priority, kind, args, metadata, max_attempts, delay))
+        else:
+            cur = await conn.execute(self.q["job_enqueue"],
+                                     (queue, priority, kind, args, metadata, max_attempts, run_at))
+        row = await cur.fetchone()
+        assert row is not None
+        return int(row[0])
+
+    def job_enqueue_many(self, conn: psycopg.Connection, queue: str, priority: int, kind: str,
+                         args: Sequence[RawJson], metadata: RawJson | None, max_attempts: int) -> list[int]:
+        """Enqueue many jobs of one kind in one statement; returns their ids in order."""
+        if not args:
+            return []
+        rows = conn.execute(self.q["job_enqueue_many"],
+                            (queue, priority, kind, [a if isinstance(a, RawJson) else RawJson(a) for a in args],
+                             metadata, max_attempts)).fetchall()
+        return [int(r[0]) for r in rows]
+
+    def job_enqueue_copy(self, conn: psycopg.Connection, queue: str, priority: int, kind: str,
+                         args: Sequence[bytes], metadata: bytes | None, max_attempts: int) -> LaneRange:
+        """Bulk-enqueue by binary COPY: reserve one lane range, then stream encoded rows.
+
+        The rows are encoded by the accelerated ``encode_ready_rows``. Job ids
+        are ``(lane_id << 40) | lane_seq`` over the returned range.
+        """
+        row = conn.execute(self.q["lane_reserve"], (queue, priority, len(args))).fetchone()
+        assert row is not None
+        rng = LaneRange(int(row[0]), int(row[1]), int(row[2]))
+        buf = _impl.encode_ready_rows(rng.ready_slot, rng.lane_id, rng.first_seq, kind, args, metadata, 0,
+                                      max_attempts)
+        with conn.cursor().copy(render(_READY_COPY.format(slot=int(rng.ready_slot)), self.schema)) as cp:
+            cp.write(buf)
+        return rng
+
+    # -- claim ----------------------------------------------------------------
+
+    def lane_claim(self, conn: psycopg.Connection, queue: str, limit: int, stripe: int = 0,
+                   stripes: int = 1) -> list[ClaimSnapshot]:
+        """Claim up to ``limit`` jobs of ``queue`` through the one claim function.
+
+        ``conn`` must return jsonb as raw bytes (see :func:`use_raw_jsonb`).
+        Commit (or run in autocommit) for the claim to count.
+        """
+        cur = conn.execute(self.q["lane_claim"], (queue, limit, stripe, stripes))
+        return _impl.decode_snapshots(cur.fetchall())
+
+    # -- completion -----------------------------------------------------------
+
+    def receipt_complete(self, conn: psycopg.Connection, snapshots: Sequence[ClaimSnapshot],
+                         whole_receipts: Iterable[tuple[int, int]] = (),
+                         with_state: Sequence[ClaimSnapshot] = ()) -> list[tuple[int, int]]:
+        """Complete receipt-backed attempts in the current transaction; returns the stale ones.
+
+        Locks the receipts, drops attempts that are no longer open (counted
+        by the caller as stale), then binary-COPYs ``done_entries`` from the
+        claim snapshots and closes the rest: one compact row for each receipt
+        in ``whole_receipts`` (every one of its jobs is in this batch), one
+        closure row per attempt otherwise. ``with_state`` lists attempts that
+        may have an ``attempt_state`` row to delete.
+        """
+        if not snapshots:
+            return []
+        stale = conn.execute(self.q["receipt_guard"], (
+            [s.claim_slot for s in snapshots], [s.claim_id for s in snapshots],
+            [s.job_id for s in snapshots], [s.run_lease for s in snapshots])).fetchall()
+        live: Sequence[ClaimSnapshot] = snapshots
+        stale_set: set[tuple[int, int]] = set()
+        if stale:
+            stale_set = {(int(j), int(l)) for j, l in stale}
+            live = [s for s in snapshots if (s.job_id, s.run_lease) not in stale_set]
+        if live:
+            cur = conn.cursor()
+            with cur.copy(self._done_copy) as cp:
+                cp.write(_impl.encode_done_rows(live))
+            whole = {w for w in whole_receipts}
+            if stale_set:
+                stale_claims = {s.claim_id for s in snapshots if (s.job_id, s.run_lease) in stale_set}
+                whole = {w for w in whole if w[1] not in stale_claims}
+            per_attempt = [s for s in live if (s.claim_slot, s.claim_id) not in whole] if whole else live
+            if whole:
+                conn.execute(self.q["receipt_close_batches"], ([w[0] for w in whole], [w[1] for w in whole]))
+            if per_attempt:
+                with cur.copy(self._closure_copy) as cp:
+                    cp.write(_impl.encode_closure_rows(per_attempt, 1))
+            if with_state:
+                keep = [s for s in with_state if (s.job_id, s.run_lease) not in stale_set]
+                if keep:
+                    conn.execute(self.q["attempt_state_delete"],
+                                 ([s.job_id for s in keep], [s.run_lease for s in keep]))
+        return sorted(stale_set)
+
+    def attempt_close(self, conn: psycopg.Connection, items: Sequence[tuple[ClaimSnapshot, int, float | None,
+                      str | None]]) -> list[AttemptResult]:
+        """Close attempts with explicit outcomes: ``(snapshot, outcome, delay_s, error)`` each.
+
+        Outcomes are the ``CLOSE_*`` codes. Returns one result per item, in
+        order; ``stale`` means the attempt was no longer live and nothing
+        was written for it.
+        """
+        if not items:
+            return []
+        rows = conn.execute(self.q["attempt_close"], (
+            [s.job_id for s, _, _, _ in items], [s.run_lease for s, _, _, _ in items],
+            [s.claim_slot for s, _, _, _ in items], [s.claim_id for s, _, _, _ in items],
+            [o for _, o, _, _ in items], [d for _, _, d, _ in items], [e for _, _, _, e in items])).fetchall()
+        return [AttemptResult(int(j), int(l), st) for j, l, st in rows]
+
+    def attempt_heartbeat(self, conn: psycopg.Connection, snapshots: Sequence[ClaimSnapshot],
+                          progress: Sequence[RawJson | None] | None = None) -> list[AttemptResult]:
+        """Heartbeat (and optionally record progress for) a batch of attempts."""
+        if not snapshots:
+            return []
+        rows = conn.execute(self.q["attempt_heartbeat"], (
+            [s.job_id for s in snapshots], [s.run_lease for s in snapshots],
+            [s.claim_slot for s in snapshots], [s.claim_id for s in snapshots],
+            list(progress) if progress is not None else [None] * len(snapshots))).fetchall()
+        return [AttemptResult(int(j), int(l), st) for j, l, st in rows]
+
+    def attempt_register_callback(self, conn: psycopg.Connection, snapshot: ClaimSnapshot,
+                                  timeout: float) -> uuid.UUID | None:
+        """Park an attempt for an external callback; returns its token, or None if stale."""
+        row = conn.execute(self.q["attempt_register_callback"], (
+            snapshot.job_id, snapshot.run_lease, snapshot.claim_slot, snapshot.claim_id, timeout)).fetchone()
+        return row[0] if row else None
+
+    def callback_resolve(self, conn: psycopg.Connection, token: uuid.UUID | str, action: str,
+                         payload: RawJson | None = None, error: str | None = None) -> str:
+        """Resolve a parked callback; returns ``ok`` or ``unknown``."""
+        row = conn.execute(self.q["callback_resolve"], (str(token), action, payload, error)).fetchone()
+        assert row is not None
+        return str(row[0])
+
+    def job_cancel(self, conn: psycopg.Connection, job_id: int) -> str:
+        """Cancel a job: ``cancelled``, ``cancel_requested``, ``terminal`` or ``unknown``."""
+        row = conn.execute(self.q["job_cancel"], (job_id,)).fetchone()
+        assert row is not None
+        return str(row[0])
+
+    # -- maintenance ----------------------------------------------------------
+
+    def deferred_promote(self, conn: psycopg.Connection, limit: int = 1000) -> int:
+        """Promote due deferred jobs into ready; returns how many."""
+        return self._scalar_int(conn, "deferred_promote", (limit,))
+
+    def receipt_rescue_stale(self, conn: psycopg.Connection, limit: int = 1000) -> int:
+        """Rescue receipt-backed attempts past deadline or heartbeat timeout; returns how many."""
+        return self._scalar_int(conn, "receipt_rescue_stale", (limit,))
+
+    def lease_rescue_expired(self, conn: psycopg.Connection, limit: int = 1000) -> int:
+        """Rescue lease-backed attempts whose callback timed out; returns how many."""
+        return self._scalar_int(conn, "lease_rescue_expired", (limit,))
+
+    def attempt_state_sweep(self, conn: psycopg.Connection) -> int:
+        """Delete attempt_state rows of attempts that ended; returns how many."""
+        return self._scalar_int(conn, "attempt_state_sweep", ())
+
+    def ring_rotate(self, conn: psycopg.Connection, ring: str) -> int | None:
+        """Rotate ``ring`` (ready, claim or lease); the new slot, or None if the next is not free."""
+        row = conn.execute(self.q["ring_rotate"], (ring,)).fetchone()
+        return None if row is None or row[0] is None else int(row[0])
+
+    def ring_prune(self, conn: psycopg.Connection, ring: str, slot: int, lock_timeout_ms: int = 50) -> str:
+        """Prune one sealed slot by TRUNCATE behind its gates; returns the outcome word."""
+        row = conn.execute(self.q["ring_prune"], (ring, slot, f"{int(lock_timeout_ms)}ms")).fetchone()
+        assert row is not None
+        return str(row[0])
+
+    def ring_state(self, conn: psycopg.Connection) -> dict[str, dict[str, Any]]:
+        """Current slot, generation and slot count of each ring."""
+        return {r[0]: {"slot": r[1], "generation": r[2], "slots": r[3], "rotated_at": r[4]}
+                for r in conn.execute(self.q["ring_state"]).fetchall()}
+
+    def dlq_retention_prune(self, conn: psycopg.Connection, limit: int = 1000) -> int:
+        """Delete DLQ entries past retention; returns how many."""
+        return self._scalar_int(conn, "dlq_retention_prune", (limit,))
+
+    # -- admin and reads ------------------------------------------------------
+
+    def job_load(self, conn: psycopg.Connection, job_id: int) -> dict[str, Any] | None:
+        """The job wherever it lives, as a dict with a ``state`` key; None if unknown."""
+        row = conn.execute(self.q["job_load"], (job_id,)).fetchone()
+        if row is None or row[0] is None:
+            return None
+        value = row[0]
+        if isinstance(value, (bytes, bytearray)):
+            import orjson
+
+            value = orjson.loads(value)
+        return dict(value)
+
+    def queue_depth_fast(self, conn: psycopg.Connection) -> dict[str, int]:
+        """Per-queue depth from the lane heads (no scan; may over-count)."""
+        return {q: int(d) for q, d in conn.execute(self.q["queue_depth_fast"]).fetchall()}
+
+    def queue_counts_exact(self, conn: psycopg.Connection) -> dict[str, dict[str, int]]:
+        """Exact counts per queue and state (available, running, waiting, scheduled, ...)."""
+        out: dict[str, dict[str, int]] = {}
+        for queue, state, count in conn.execute(self.q["queue_counts_exact"]).fetchall():
+            out.setdefault(queue, {})[state] = int(count)
+        return out
+
+    def queue_ensure(self, conn: psycopg.Connection, queue: str) -> None:
+        """Register a queue (idempotent)."""
+        conn.execute(self.q["queue_ensure"], (queue,))
+
+    def queue_pause(self, conn: psycopg.Connection, queue: str, paused: bool = True) -> bool:
+        """Pause (or resume) claims on a queue; False if the queue is unknown."""
+        return conn.execute(self.q["queue_pause"], (paused, queue)).rowcount > 0
+
+    def queue_configure(self, conn: psycopg.Connection, queue: str, *, stripes: int | None = None,
+                        enqueue_shards: int | None = None, dlq_enabled: bool | None = None,
+                        deadline: float | None | bool = False, heartbeat_timeout: float | None = None,
+                        aging_interval: float | None = None, dlq_retention: float | None = None) -> None:
+        """Change queue settings; ``deadline=None`` removes the deadline, ``False`` keeps it."""
+        self.queue_ensure(conn, queue)
+        conn.execute(self.q["queue_configure"], {
+            "queue": queue, "stripes": stripes, "enqueue_shards": enqueue_shards, "dlq_enabled": dlq_enabled,
+            "deadline_set": deadline is not False, "deadline": None if deadline is False else deadline,
+            "heartbeat_timeout": heartbeat_timeout, "aging_interval": aging_interval,
+            "dlq_retention": dlq_retention})
+
+    def queue_list(self, conn: psycopg.Connection) -> list[dict[str, Any]]:
+        """Settings of every known queue."""
+        keys = ("queue", "paused", "stripes", "enqueue_shards", "dlq_enabled", "deadline_s", "heartbeat_timeout_s")
+        return [dict(zip(keys, r)) for r in conn.execute(self.q["queue_list"]).fetchall()]
+
+    def dlq_list(self, conn: psycopg.Connection, queue: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        """DLQ entries, newest first."""
+        keys = ("job_id", "queue", "kind", "attempt", "max_attempts", "reason", "failed_at", "args")
+        return [dict(zip(keys, r)) for r in conn.execute(self.q["dlq_list"], {"queue": queue, "limit": limit})]
+
+    def dlq_retry(self, conn: psycopg.Connection, job_ids: Sequence[int] | None = None,
+                  queue: str | None = None) -> list[int]:
+        """Move DLQ entries (by id, or a whole queue) back to ready; returns the ids moved."""
+        if job_ids is not None:
+            rows = conn.execute(self.q["dlq_retry"], (list(job_ids),)).fetchall()
+        else:
+            rows = conn.execute(self.q["dlq_retry_queue"], (queue,)).fetchall()
+        return [int(r[0]) for r in rows]
+
+    def dlq_purge(self, conn: psycopg.Connection, job_ids: Sequence[int] | None = None,
+                  queue: str | None = None) -> int:
+        """Delete DLQ entries (by id, or a whole queue); returns how many."""
+        if job_ids is not None:
+            return conn.execute(self.q["dlq_purge"], (list(job_ids),)).rowcount
+        return conn.execute(self.q["dlq_purge_queue"], (queue,)).rowcount
+
+    def dead_tuples(self, conn: psycopg.Connection) -> int:
+        """Dead tuples summed over the schema's tables (statistics may lag ~0.5 s)."""
+        return self._scalar_int(conn, "dead_tuples", (self.schema,))
+
+    def _scalar_int(self, conn: psycopg.Connection, name: str, params: tuple[Any, ...]) -> int:
+        row = conn.execute(self.q[name], params).fetchone()
+        return int(row[0]) if row and row[0] is not None else 0
+
+
+def connect(dsn: str, *, application_name: str = "awa_fast", autocommit: bool = True,
+            **kwargs: Any) -> psycopg.Connection:
+    """Open a connection, mapping connection failures to :class:`DatabaseUnavailable`.
+
+    The message never contains the password of the DSN.
+    """
+    try:
+        return psycopg.connect(dsn, autocommit=autocommit, application_name=application_name, **kwargs)
+    except psycopg.OperationalError as exc:
+        raise DatabaseUnavailable(f"cannot connect to PostgreSQL at {redact_dsn(dsn)}: "
+                                  f"{_first_line(exc)}; check the DSN and that the server runs") from None
+
+
+def redact_dsn(dsn: str) -> str:
+    """The DSN with any password replaced by ``***`` (for logs, errors and status)."""
+    try:
+        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+        params = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return "<unparseable DSN>"
+    if "password" in params:
+        params["password"] = "***"
+    return make_conninfo(**{k: v for k, v in params.items() if v is not None})
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else exc.__class__.__name__

@@ -1,0 +1,1 @@
+"""SQL shipped with awa-fast: numbered migrations and named queries."""

@@ -1,0 +1,161 @@
+-- Named queries of the awa-fast storage layer, loaded once per schema by
+-- awa_fast.storage.schema.named_queries(). Each query: a one-line intent
+-- and what it relies on. Python methods in awa_fast.storage carry the same
+-- names. Functions called here live in the numbered migrations.
+
+-- name: job_enqueue
+-- Enqueue one job in the caller's transaction (lane lock + one ready row + segment).
+SELECT __SCHEMA__.job_enqueue(%s::text, %s::int, %s::text, %s::jsonb, %s::jsonb, %s::int, %s::timestamptz)
+
+-- name: job_enqueue_in
+-- Enqueue one job to run after a delay in seconds, measured by the database clock.
+SELECT __SCHEMA__.job_enqueue(%s::text, %s::int, %s::text, %s::jsonb, %s::jsonb, %s::int, now() + make_interval(secs => %s::float8))
+
+-- name: job_enqueue_many
+-- Enqueue many jobs of one kind with one lane range (one statement).
+SELECT __SCHEMA__.job_enqueue_many(%s::text, %s::int, %s::text, %s::jsonb[], %s::jsonb, %s::int)
+
+-- name: lane_reserve
+-- Lock a lane and reserve a sequence range for a COPY of ready rows.
+SELECT lane_id, first_seq, ready_slot FROM __SCHEMA__.lane_reserve(%s::text, %s::int, %s::int, pg_backend_pid())
+
+-- name: lane_claim
+-- Claim up to N jobs of a queue for a stripe; returns claim snapshots in ClaimSnapshot field order.
+SELECT job_id, run_lease, attempt, max_attempts, queue, kind, priority, args, metadata, ready_slot,
+       lane_id, lane_seq, claim_slot, claim_id, created_at, errors, callback_result
+FROM __SCHEMA__.claim_batch(%s::text, %s::int, %s::int, %s::int)
+
+-- name: receipt_guard
+-- Lock the receipts of a completion batch; returns attempts that are no longer open.
+SELECT job_id, run_lease FROM __SCHEMA__.receipt_guard(%s::int[], %s::bigint[], %s::bigint[], %s::int[])
+
+-- name: receipt_close_batches
+-- Compact closure: one row closes every attempt of a receipt (all completed in one flush).
+INSERT INTO __SCHEMA__.lease_claim_closure_batches (claim_slot, claim_id, outcome)
+SELECT s, c, 1 FROM unnest(%s::int[], %s::bigint[]) AS u(s, c)
+
+-- name: attempt_state_delete
+-- Drop the mutable state of attempts that just ended (primary key probes).
+DELETE FROM __SCHEMA__.attempt_state a
+USING unnest(%s::bigint[], %s::int[]) AS u(j, l)
+WHERE a.job_id = u.j AND a.run_lease = u.l
+
+-- name: attempt_close
+-- Close attempts with explicit outcomes (retry, snooze, fail, cancel, lease-backed completion).
+SELECT job_id, run_lease, status FROM __SCHEMA__.attempt_close(%s::bigint[], %s::int[], %s::int[], %s::bigint[], %s::int[], %s::float8[], %s::text[])
+
+-- name: attempt_heartbeat
+-- Heartbeat/progress for a batch of attempts; lazily creates attempt_state.
+SELECT job_id, run_lease, status FROM __SCHEMA__.attempt_heartbeat(%s::bigint[], %s::int[], %s::int[], %s::bigint[], %s::jsonb[])
+
+-- name: attempt_register_callback
+-- Materialize an attempt into the lease plane with a callback token.
+SELECT __SCHEMA__.attempt_register_callback(%s::bigint, %s::int, %s::int, %s::bigint, %s::float8)
+
+-- name: callback_resolve
+-- Resolve a parked callback by token.
+SELECT __SCHEMA__.callback_resolve(%s::uuid, %s::text, %s::jsonb, %s::text)
+
+-- name: job_cancel
+-- Cancel a job wherever it lives.
+SELECT __SCHEMA__.job_cancel(%s::bigint)
+
+-- name: job_load
+-- Find a job wherever it lives (JSON object or NULL).
+SELECT __SCHEMA__.job_load(%s::bigint)
+
+-- name: deferred_promote
+-- Promote due deferred jobs into ready (index deferred_jobs_due).
+SELECT __SCHEMA__.deferred_promote(%s::int)
+
+-- name: receipt_rescue_stale
+-- Rescue receipt-backed attempts past deadline or heartbeat timeout.
+SELECT __SCHEMA__.receipt_rescue_stale(%s::int)
+
+-- name: lease_rescue_expired
+-- Rescue lease-backed attempts whose callback timed out.
+SELECT __SCHEMA__.lease_rescue_expired(%s::int)
+
+-- name: attempt_state_sweep
+-- Drop attempt_state rows of attempts that are no longer open.
+SELECT __SCHEMA__.attempt_state_sweep()
+
+-- name: ring_rotate
+-- Rotate a ring to its next slot if that slot is empty; NULL when full.
+SELECT __SCHEMA__.ring_rotate(%s::text)
+
+-- name: ring_prune
+-- Prune one sealed ring slot by TRUNCATE behind its gates (short lock timeout).
+SELECT __SCHEMA__.ring_prune(%s::text, %s::int, %s::text)
+
+-- name: ring_state
+-- Current slot, generation and slot count of every ring.
+SELECT DISTINCT ON (r.ring) r.ring, r.slot, r.generation, c.slot_count, r.rotated_at
+FROM __SCHEMA__.ring_rotations r JOIN __SCHEMA__.ring_config c ON c.ring = r.ring
+ORDER BY r.ring, r.generation DESC
+
+-- name: dlq_retention_prune
+-- Delete DLQ entries past their queue's retention.
+SELECT __SCHEMA__.dlq_retention_prune(%s::int)
+
+-- name: dlq_list
+-- List DLQ entries of a queue (or all), newest first.
+SELECT job_id, queue, kind, attempt, max_attempts, reason, failed_at, args
+FROM __SCHEMA__.dlq_entries
+WHERE (%(queue)s::text IS NULL OR queue = %(queue)s)
+ORDER BY failed_at DESC, job_id DESC
+LIMIT %(limit)s
+
+-- name: dlq_retry
+-- Move DLQ entries back to ready.
+SELECT __SCHEMA__.dlq_retry(%s::bigint[])
+
+-- name: dlq_retry_queue
+-- Move every DLQ entry of a queue back to ready.
+SELECT __SCHEMA__.dlq_retry(ARRAY(SELECT job_id FROM __SCHEMA__.dlq_entries WHERE queue = %s::text))
+
+-- name: dlq_purge
+-- Delete DLQ entries by id.
+DELETE FROM __SCHEMA__.dlq_entries WHERE job_id = ANY (%s::bigint[])
+
+-- name: dlq_purge_queue
+-- Delete every DLQ entry of a queue.
+DELETE FROM __SCHEMA__.dlq_entries WHERE queue = %s
+
+-- name: queue_depth_fast
+-- Per-queue depth from lane heads (no scan).
+SELECT queue, depth FROM __SCHEMA__.queue_depth_fast()
+
+-- name: queue_counts_exact
+-- Exact per-queue counts by state (scans live rings).
+SELECT queue, state, count FROM __SCHEMA__.queue_counts_exact()
+
+-- name: queue_ensure
+-- Register a queue (idempotent).
+SELECT __SCHEMA__.queue_ensure(%s::text)
+
+-- name: queue_pause
+-- Pause or resume a queue's claims.
+UPDATE __SCHEMA__.queue_meta SET paused = %s WHERE queue = %s
+
+-- name: queue_configure
+-- Change a queue's settings (NULL keeps the current value).
+UPDATE __SCHEMA__.queue_meta SET
+    stripes = COALESCE(%(stripes)s, stripes),
+    enqueue_shards = COALESCE(%(enqueue_shards)s, enqueue_shards),
+    dlq_enabled = COALESCE(%(dlq_enabled)s, dlq_enabled),
+    deadline = CASE WHEN %(deadline_set)s THEN make_interval(secs => %(deadline)s) ELSE deadline END,
+    heartbeat_timeout = COALESCE(make_interval(secs => %(heartbeat_timeout)s), heartbeat_timeout),
+    aging_interval = COALESCE(make_interval(secs => %(aging_interval)s), aging_interval),
+    dlq_retention = COALESCE(make_interval(secs => %(dlq_retention)s), dlq_retention)
+WHERE queue = %(queue)s
+
+-- name: queue_list
+-- Queue settings.
+SELECT queue, paused, stripes, enqueue_shards, dlq_enabled,
+       extract(epoch FROM deadline)::float8, extract(epoch FROM heartbeat_timeout)::float8
+FROM __SCHEMA__.queue_meta ORDER BY queue
+
+-- name: dead_tuples
+-- Dead tuples summed over the schema's tables (pg_stat_user_tables).
+SELECT COALESCE(sum(n_dead_tup), 0)::bigint FROM pg_stat_user_tables WHERE schemaname = %s
