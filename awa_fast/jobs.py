@@ -90,6 +90,8 @@ Outcome = None | RetryAfter | Snooze | Cancel | WaitForCallback
 
 __all__ = [
     "ClaimSnapshot",
+    "Job",
+    "JobSpec",
     "RetryAfter",
     "Snooze",
     "Cancel",
@@ -97,3 +99,133 @@ __all__ = [
     "Outcome",
     "Any",
 ]
+
+
+class Job:
+    """What a handler receives: one claimed attempt of one job.
+
+    ``args`` are decoded lazily (with msgspec, into the handler's declared
+    ``msgspec.Struct`` type when it has one). ``set_progress`` and
+    ``is_cancelled`` talk to the claimer's heartbeat thread, never to the
+    database directly.
+    """
+
+    __slots__ = ("snapshot", "_args_type", "_args", "_progress", "_cancelled", "_runtime", "callback_token",
+                 "lease_backed", "started_at")
+
+    def __init__(self, snapshot: ClaimSnapshot, args_type: type | None = None, runtime: Any = None) -> None:
+        self.snapshot = snapshot
+        self._args_type = args_type
+        self._args: Any = _UNSET
+        self._progress: Any = None
+        self._cancelled = False
+        self._runtime = runtime
+        self.callback_token: Any = None
+        self.lease_backed = False
+        self.started_at = 0.0
+
+    def __repr__(self) -> str:
+        s = self.snapshot
+        return f"Job(id={s.job_id}, kind={s.kind!r}, queue={s.queue!r}, attempt={s.attempt}, run_lease={s.run_lease})"
+
+    @property
+    def id(self) -> int:
+        """The job id (stable across attempts)."""
+        return self.snapshot.job_id
+
+    @property
+    def kind(self) -> str:
+        return self.snapshot.kind
+
+    @property
+    def queue(self) -> str:
+        return self.snapshot.queue
+
+    @property
+    def attempt(self) -> int:
+        """This attempt's number, from 1."""
+        return self.snapshot.attempt
+
+    @property
+    def max_attempts(self) -> int:
+        return self.snapshot.max_attempts
+
+    @property
+    def run_lease(self) -> int:
+        """Increments on every claim; guards every write about this attempt."""
+        return self.snapshot.run_lease
+
+    @property
+    def priority(self) -> int:
+        return self.snapshot.priority
+
+    @property
+    def args(self) -> Any:
+        """The decoded job args (a dict, or the handler's ``msgspec.Struct`` type)."""
+        if self._args is _UNSET:
+            if self._args_type is not None:
+                self._args = msgspec.json.decode(self.snapshot.args, type=self._args_type)
+            else:
+                self._args = msgspec.json.decode(self.snapshot.args)
+        return self._args
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        m = self.snapshot.metadata
+        return {} if m is None else msgspec.json.decode(m)
+
+    @property
+    def callback_result(self) -> Any:
+        """The payload a ``resume`` callback resolution delivered, else None."""
+        c = self.snapshot.callback_result
+        return None if c is None else msgspec.json.decode(c)
+
+    @property
+    def errors(self) -> list[Any]:
+        """Errors of earlier attempts, oldest first (at most 10)."""
+        e = self.snapshot.errors
+        return [] if e is None else msgspec.json.decode(e)
+
+    def set_progress(self, progress: Any) -> None:
+        """Record progress (JSON-able); flushed with the next heartbeat batch."""
+        self._progress = progress
+        if self._runtime is not None:
+            self._runtime.progress_changed(self)
+
+    def is_cancelled(self) -> bool:
+        """True once an operator asked to cancel this running job (seen at heartbeat)."""
+        return self._cancelled
+
+    def register_callback(self, timeout: float) -> str:
+        """Park this attempt for an external callback; returns the token to resolve it with.
+
+        Return :class:`WaitForCallback` from the handler afterwards. The
+        registration is durable before this returns, so a callback that
+        arrives at once is not lost.
+        """
+        if self._runtime is None:
+            raise RuntimeError("register_callback needs a running claimer")
+        token = self._runtime.register_callback(self, timeout)
+        self.callback_token = token
+        self.lease_backed = True
+        return token
+
+
+class _Unset:
+    __slots__ = ()
+
+
+_UNSET = _Unset()
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """A registered handler and its defaults."""
+
+    kind: str
+    handler: Any
+    queue: str
+    priority: int
+    max_attempts: int
+    is_async: bool
+    args_type: type | None

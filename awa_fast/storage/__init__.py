@@ -393,6 +393,17 @@ class Storage:
             return conn.execute(self.q["dlq_purge"], (list(job_ids),)).rowcount
         return conn.execute(self.q["dlq_purge_queue"], (queue,)).rowcount
 
+    def deferred_run_now(self, conn: psycopg.Connection, job_id: int) -> bool:
+        """Make a deferred job due now (the leader promotes it); False if it is not deferred."""
+        return conn.execute(self.q["deferred_run_now"], (job_id,)).rowcount > 0
+
+    def leader_info(self, conn: psycopg.Connection) -> dict[str, Any] | None:
+        """The backend holding the maintenance leader lock (pid, application, client, since)."""
+        row = conn.execute(self.q["leader_info"]).fetchone()
+        if row is None:
+            return None
+        return {"pid": row[0], "application_name": row[1], "client_addr": row[2], "since": row[3]}
+
     def dead_tuples(self, conn: psycopg.Connection) -> int:
         """Dead tuples summed over the schema's tables (statistics may lag ~0.5 s)."""
         return self._scalar_int(conn, "dead_tuples", (self.schema,))

@@ -1,0 +1,46 @@
+"""Type stub for the compiled codec ``awa_fast._codec`` (source: ``cext/codec.pyx``).
+
+Same functions, signatures and behaviour as the pure-Python twin
+``awa_fast._pycodec``; pick one through ``awa_fast._impl``.
+"""
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from awa_fast.jobs import ClaimSnapshot
+
+__all__ = [
+    "COPY_HEADER",
+    "COPY_TRAILER",
+    "MAX_DEPTH_LIMIT",
+    "check_payload",
+    "decode_snapshots",
+    "encode_closure_rows",
+    "encode_done_rows",
+    "encode_ready_rows",
+]
+
+COPY_HEADER: bytes
+COPY_TRAILER: bytes
+MAX_DEPTH_LIMIT: int
+
+# True when ClaimSnapshot's layout was verified at import and decode_snapshots
+# fills struct slots directly (False: it calls ClaimSnapshot(*row), still correct).
+_fast_snapshots: bool
+# True when the encoders read exact ClaimSnapshot instances from their slots.
+_fast_snapshot_fields: bool
+
+def check_payload(obj: object, max_depth: int = 32) -> None: ...
+def encode_ready_rows(
+    ready_slot: int,
+    lane_id: int,
+    first_seq: int,
+    kind: str,
+    payloads: Sequence[bytes],
+    metadata: bytes | None,
+    attempt: int,
+    max_attempts: int,
+) -> bytes: ...
+def encode_done_rows(snapshots: Sequence[ClaimSnapshot]) -> bytes: ...
+def encode_closure_rows(snapshots: Sequence[ClaimSnapshot], outcome: int) -> bytes: ...
+def decode_snapshots(rows: Iterable[Sequence[Any]]) -> list[ClaimSnapshot]: ...

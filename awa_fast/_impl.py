@@ -1,0 +1,119 @@
+"""The one place that picks the codec implementation: compiled C or pure Python.
+
+``AWA_FAST_IMPL`` chooses:
+
+* unset (or empty): the C extension ``awa_fast._codec`` if it imports, else the
+  pure-Python twin ``awa_fast._pycodec``, with one warning on the
+  ``awa_fast`` logger saying so;
+* ``c``: the C extension, or :class:`~awa_fast.errors.ImplementationUnavailable`
+  if it is not there (never a silent fallback);
+* ``python``: the pure-Python twin (the C extension is not even imported);
+* anything else: :class:`~awa_fast.errors.ConfigError`.
+
+``IMPL`` says which one is live (``awa_fast.__impl__`` repeats it); the codec
+functions are bound here from the chosen module, so callers import them from
+this module and never from ``_codec``/``_pycodec`` directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Sequence
+from types import ModuleType
+from typing import Any, Protocol, cast
+
+from awa_fast.errors import ConfigError, ImplementationUnavailable
+from awa_fast.jobs import ClaimSnapshot
+
+__all__ = [
+    "IMPL",
+    "Codec",
+    "check_payload",
+    "decode_snapshots",
+    "encode_closure_rows",
+    "encode_done_rows",
+    "encode_ready_rows",
+]
+
+ENV_VAR = "AWA_FAST_IMPL"
+_CHOICES = ("c", "python")
+
+_log = logging.getLogger("awa_fast")
+
+
+class Codec(Protocol):
+    """What ``awa_fast._codec`` and ``awa_fast._pycodec`` both provide."""
+
+    COPY_HEADER: bytes
+    COPY_TRAILER: bytes
+    MAX_DEPTH_LIMIT: int
+
+    def check_payload(self, obj: object, max_depth: int = 32) -> None: ...
+
+    def encode_ready_rows(
+        self,
+        ready_slot: int,
+        lane_id: int,
+        first_seq: int,
+        kind: str,
+        payloads: Sequence[bytes],
+        metadata: bytes | None,
+        attempt: int,
+        max_attempts: int,
+    ) -> bytes: ...
+
+    def encode_done_rows(self, snapshots: Sequence[ClaimSnapshot]) -> bytes: ...
+
+    def encode_closure_rows(self, snapshots: Sequence[ClaimSnapshot], outcome: int) -> bytes: ...
+
+    def decode_snapshots(self, rows: Iterable[Sequence[Any]]) -> list[ClaimSnapshot]: ...
+
+
+def _load_c() -> ModuleType:
+    from awa_fast import _codec
+
+    return _codec
+
+
+def _select() -> tuple[str, ModuleType]:
+    wanted = os.environ.get(ENV_VAR, "").strip()
+    if wanted not in ("", *_CHOICES):
+        raise ConfigError(f"{ENV_VAR}={wanted!r} is not valid; use one of: c, python (or leave it unset)")
+    if wanted == "python":
+        from awa_fast import _pycodec
+
+        return "python", _pycodec
+    try:
+        return "c", _load_c()
+    except ImportError as exc:
+        if wanted == "c":
+            raise ImplementationUnavailable(
+                f"{ENV_VAR}=c but the compiled extension awa_fast._codec cannot be imported ({exc}); "
+                "reinstall awa-fast where a C compiler and the Python headers are available "
+                "(pip install --force-reinstall --no-cache-dir awa-fast, without AWA_FAST_NO_EXT), "
+                f"or set {ENV_VAR}=python to run on the pure-Python implementation"
+            ) from exc
+        from awa_fast import _pycodec
+
+        _log.warning(
+            "awa_fast: the C extension awa_fast._codec is not available (%s); using the slower "
+            "pure-Python implementation. Reinstall with a C compiler to get it, or set "
+            "%s=python to silence this warning.",
+            exc,
+            ENV_VAR,
+            extra={"action": "impl_fallback"},
+        )
+        return "python", _pycodec
+
+
+IMPL: str
+_module: ModuleType
+IMPL, _module = _select()
+_codec_api = cast(Codec, _module)
+
+check_payload = _codec_api.check_payload
+encode_ready_rows = _codec_api.encode_ready_rows
+encode_done_rows = _codec_api.encode_done_rows
+encode_closure_rows = _codec_api.encode_closure_rows
+decode_snapshots = _codec_api.decode_snapshots

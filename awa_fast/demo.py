@@ -1,0 +1,137 @@
+"""The demo: migrate, bulk-enqueue by COPY, supervise until drained, report.
+
+``python -m awa_fast.demo [--jobs N] [--dsn DSN]`` (``python3 tools/dev.py
+demo`` runs it on the embedded server). It starts a real ``awa-fast
+supervise`` process with two claimer stripes, waits until every job is
+durably completed, prints throughput, latency percentiles and dead tuples,
+then stops the supervisor with SIGTERM and checks it drained cleanly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psycopg
+
+from awa_fast.app import App
+from awa_fast.storage.schema import render
+
+app = App(schema="awa_fast_demo")
+
+
+@app.job("demo.noop", queue="demo")
+def noop(job) -> None:  # noqa: ANN001 - awa_fast.Job
+    """A handler that does nothing: the demo measures the queue, not the work."""
+
+
+@app.job("demo.async_noop", queue="demo")
+async def async_noop(job) -> None:  # noqa: ANN001
+    """The async twin, to show both kinds of handlers in one supervisor."""
+
+
+def _bar(done: int, total: int, started: float) -> None:
+    if not sys.stderr.isatty():
+        return
+    width = 30
+    filled = int(width * done / max(total, 1))
+    rate = done / max(time.perf_counter() - started, 1e-9)
+    sys.stderr.write(f"\r  [{'#' * filled}{'.' * (width - filled)}] {done}/{total} {rate:,.0f}/s")
+    sys.stderr.flush()
+    if done >= total:
+        sys.stderr.write("\n")
+
+
+def _percentiles(conn: psycopg.Connection, schema: str) -> dict[str, float]:
+    q = render("""
+        SELECT percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY extract(epoch FROM c.claimed_at - r.created_at)),
+               percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY extract(epoch FROM d.finished_at - r.created_at))
+        FROM __SCHEMA__.done_entries d
+        JOIN __SCHEMA__.ready_entries r ON r.ready_slot = d.ready_slot AND r.lane_id = d.lane_id AND r.lane_seq = d.lane_seq
+        LEFT JOIN __SCHEMA__.lease_claims c ON c.lane_id = d.lane_id AND c.ready_slot = d.ready_slot
+             AND d.lane_seq > c.first_seq - 1 AND d.lane_seq <= c.last_seq""", schema)
+    row = conn.execute(q).fetchone()
+    pick, e2e = (row or (None, None))
+    out = {}
+    for name, vals in (("pickup", pick), ("e2e", e2e)):
+        if vals:
+            for p, v in zip((50, 95, 99), vals, strict=True):
+                out[f"{name}_p{p}_ms"] = round(float(v) * 1000, 2)
+    return out
+
+
+def run_demo(dsn: str, jobs: int, stripes: int = 2) -> int:
+    """Run the whole demo against ``dsn``; returns an exit code."""
+    schema = app.storage.schema
+    app.dsn = dsn
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(render("DROP SCHEMA IF EXISTS __SCHEMA__ CASCADE", schema))
+    app.migrate()
+    print(f"awa-fast demo: schema {schema} migrated; enqueueing {jobs:,} jobs by COPY")
+    started = time.perf_counter()
+    half = jobs // 2
+    app.enqueue_many("demo.noop", ({"n": i} for i in range(half)), progress=lambda n: _bar(n, jobs, started),
+                     chunk=10_000)
+    app.enqueue_many("demo.async_noop", ({"n": i} for i in range(jobs - half)),
+                     progress=lambda n: _bar(half + n, jobs, started), chunk=10_000)
+    enqueue_s = time.perf_counter() - started
+    print(f"  enqueued {jobs:,} in {enqueue_s:.2f}s ({jobs / enqueue_s:,.0f} jobs/s)")
+    env = dict(os.environ, AWA_FAST_DSN=dsn)
+    cmd = [sys.executable, "-m", "awa_fast.cli", "--log-level", "WARNING", "supervise", "awa_fast.demo:app",
+           "--schema", schema, "--queue", f"demo:stripes={stripes},concurrency=64,batch=1024"]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env)
+    conn = psycopg.connect(dsn, autocommit=True)
+    count_q = render("SELECT count(*) FROM __SCHEMA__.done_entries", schema)
+    try:
+        done = 0
+        while done < jobs:
+            if proc.poll() is not None:
+                print(f"supervisor exited early with code {proc.returncode}", file=sys.stderr)
+                return 1
+            done = int(conn.execute(count_q).fetchone()[0])  # type: ignore[index]
+            _bar(done, jobs, t0)
+            if done < jobs:
+                time.sleep(0.1)
+        drain_s = time.perf_counter() - t0
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+        stats = _percentiles(conn, schema)
+        counts = app.storage.queue_counts_exact(conn)
+        time.sleep(0.6)  # statistics are flushed by backends at most every 0.5 s
+        dead = app.storage.dead_tuples(conn)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        conn.close()
+    print(f"  drained {jobs:,} jobs in {drain_s:.2f}s including process start-up "
+          f"({jobs / drain_s:,.0f} jobs/s), {stripes} claimer stripes")
+    print("  latency from enqueue (bulk: includes queueing): "
+          + ", ".join(f"{k}={v}" for k, v in sorted(stats.items())))
+    print(f"  final counts: {counts.get('demo', {})}; dead tuples in the schema: {dead}")
+    print(f"  supervisor stopped with SIGTERM: exit code {code} ({'clean drain' if code == 0 else 'NOT clean'})")
+    ok = code == 0 and counts.get("demo", {}).get("completed") == jobs
+    return 0 if ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m awa_fast.demo")
+    p.add_argument("--jobs", type=int, default=100_000)
+    p.add_argument("--stripes", type=int, default=2)
+    p.add_argument("--dsn", default=os.environ.get("AWA_FAST_DSN"))
+    args = p.parse_args(argv)
+    dsn = args.dsn
+    if not dsn:
+        from awa_fast.embedded import ensure_embedded
+
+        dsn = ensure_embedded()
+        print(f"awa-fast demo: embedded PostgreSQL running ({dsn})")
+    return run_demo(dsn, args.jobs, args.stripes)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""The awa-fast runtime: supervisor, claimers, completion batcher, heartbeats, maintenance."""

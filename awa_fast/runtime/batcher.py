@@ -1,0 +1,220 @@
+"""The completion batcher: durable outcomes, many per transaction.
+
+Handlers hand their outcome to :meth:`CompletionBatcher.submit` and return
+at once (local capacity is released when the handler ends). A dedicated
+thread with its own connection drains whatever has accumulated, up to
+``flush_max`` outcomes, and writes them in one transaction: completions by
+binary COPY from the claim snapshots (``Storage.receipt_complete``), every
+other outcome through ``Storage.attempt_close``. When idle it flushes the
+first outcome at once; under load batches grow by themselves.
+
+A batch lost with the process is recovered by rescue, not by a replay log.
+Connection failures retry the same batch: the ``(job_id, run_lease)``
+guard makes a replay of a batch whose COMMIT did land change nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import psycopg
+
+from awa_fast.jobs import Job
+from awa_fast.storage import CLOSE_COMPLETE, Storage, connect
+
+log = logging.getLogger("awa_fast.batcher")
+
+# An outcome: (close code, delay seconds or None, error text or None);
+# None means "completed".
+Outcome = tuple[int, float | None, str | None] | None
+
+_STOP = object()
+
+# Outcome of an attempt parked in the lease plane (callback wait): nothing
+# to write, only the receipt bookkeeping moves on.
+RELEASE: Outcome = ("release", None, None)  # type: ignore[assignment]
+
+
+@dataclass(frozen=True, slots=True)
+class BatcherConfig:
+    """Completion batcher settings."""
+
+    dsn: str
+    schema: str
+    flush_max: int = 2048
+    application_name: str = "awa_fast:batcher"
+    retry_backoff_max: float = 5.0
+
+
+@dataclass(slots=True)
+class FlushReport:
+    """What one flush wrote: the jobs and how each ended (``ok``/``stale``)."""
+
+    jobs: list[tuple[Job, Outcome]]
+    stale: set[tuple[int, int]]
+    seconds: float
+    committed_at: float
+
+
+class CompletionBatcher:
+    """Collects handler outcomes and writes them in batched transactions."""
+
+    def __init__(self, config: BatcherConfig, on_flushed: Callable[[FlushReport], None],
+                 stateful: set[tuple[int, int]] | None = None) -> None:
+        self.config = config
+        self.storage = Storage(config.schema)
+        self._q: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._on_flushed = on_flushed
+        self._stateful = stateful if stateful is not None else set()
+        self._remaining: dict[int, int] = {}  # claim_id -> outcomes still expected
+        self._thread = threading.Thread(target=self._run, name="awa-batcher", daemon=True)
+        self._conn: psycopg.Connection | None = None
+        self.flushes = 0
+        self.pending = 0
+
+    # -- producer side (claimer and handler threads) ----------------------------
+
+    def register_receipts(self, snapshots: Sequence[object]) -> None:
+        """Tell the batcher how many outcomes each receipt of a claim will produce."""
+        counts: dict[int, int] = {}
+        for s in snapshots:
+            cid = s.claim_id  # type: ignore[attr-defined]
+            counts[cid] = counts.get(cid, 0) + 1
+        self._q.put(("receipts", counts))
+
+    def submit(self, job: Job, outcome: Outcome) -> None:
+        """Queue one attempt's outcome for the next flush."""
+        self.pending += 1
+        self._q.put((job, outcome))
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float | None = None) -> bool:
+        """Flush everything submitted so far, then stop; True if the thread ended."""
+        self._q.put(_STOP)
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    # -- the batcher thread ----------------------------------------------------------
+
+    def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            item = self._q.get()
+            batch: list[tuple[Job, Outcome]] = []
+            while True:
+                if item is _STOP:
+                    stopping = True
+                elif isinstance(item, tuple) and item and item[0] == "receipts":
+                    for cid, n in item[1].items():
+                        self._remaining[cid] = self._remaining.get(cid, 0) + n
+                else:
+                    batch.append(item)  # type: ignore[arg-type]
+                if len(batch) >= self.config.flush_max:
+                    break
+                try:
+                    item = self._q.get_nowait()
+                except queue.Empty:
+                    break
+            if batch:
+                self._flush_with_retry(batch)
+        if self._conn is not None:
+            self._conn.close()
+
+    def _connection(self) -> psycopg.Connection:
+        if self._conn is None or self._conn.closed:
+            self._conn = connect(self.config.dsn, application_name=self.config.application_name)
+        return self._conn
+
+    def _flush_with_retry(self, batch: list[tuple[Job, Outcome]]) -> None:
+        delay = 0.05
+        while True:
+            try:
+                self._flush(batch)
+                return
+            except psycopg.OperationalError as exc:
+                log.warning("completion flush of %d outcomes failed (%s); retrying in %.2fs",
+                            len(batch), str(exc).strip().splitlines()[0] if str(exc) else exc, delay,
+                            extra={"action": "batcher_retry"})
+                if self._conn is not None:
+                    try:
+                        self._conn.close()
+                    except Exception:  # noqa: BLE001 - closing a broken connection
+                        pass
+                    self._conn = None
+                time.sleep(delay)
+                delay = min(delay * 2, self.config.retry_backoff_max)
+            except psycopg.Error as exc:
+                # Not a connection problem: write the batch one outcome at a
+                # time so one bad item cannot hold back the rest. An item
+                # that still fails stays open and is rescued later.
+                log.error("completion flush failed (%s); retrying outcomes one by one", exc,
+                          extra={"action": "batcher_split"})
+                if len(batch) == 1:
+                    log.error("dropping outcome of job %s: %s (its attempt will be rescued)",
+                              batch[0][0].id, exc, extra={"action": "batcher_drop"})
+                    self._forget(batch)
+                    return
+                for one in batch:
+                    self._flush_with_retry([one])
+                return
+
+    def _forget(self, batch: list[tuple[Job, Outcome]]) -> None:
+        for job, _ in batch:
+            cid = job.snapshot.claim_id
+            left = self._remaining.get(cid, 1) - 1
+            if left <= 0:
+                self._remaining.pop(cid, None)
+            else:
+                self._remaining[cid] = left
+        self.pending -= len(batch)
+        self._on_flushed(FlushReport(batch, {(j.id, j.run_lease) for j, _ in batch}, 0.0, time.time()))
+
+    def _flush(self, batch: list[tuple[Job, Outcome]]) -> None:
+        t0 = time.perf_counter()
+        conn = self._connection()
+        completes = []
+        others = []
+        per_receipt: dict[int, list[int]] = {}  # claim_id -> [completions, all]
+        for job, outcome in batch:
+            s = job.snapshot
+            counts = per_receipt.setdefault(s.claim_id, [0, 0])
+            counts[1] += 1
+            if outcome is RELEASE:
+                continue
+            if outcome is None and not job.lease_backed:
+                completes.append(s)
+                counts[0] += 1
+            else:
+                code, delay, error = outcome if outcome is not None else (CLOSE_COMPLETE, None, None)
+                others.append((s, code, delay, error))
+        whole = []
+        for cid, (n_complete, n_all) in per_receipt.items():
+            if n_complete == n_all and self._remaining.get(cid) == n_all:
+                slot = next(j.snapshot.claim_slot for j, _ in batch if j.snapshot.claim_id == cid)
+                whole.append((slot, cid))
+        with_state = [s for s in completes if (s.job_id, s.run_lease) in self._stateful] if self._stateful else []
+        stale: set[tuple[int, int]] = set()
+        with conn.transaction():
+            if completes:
+                stale.update(self.storage.receipt_complete(conn, completes, whole, with_state))
+            if others:
+                for r in self.storage.attempt_close(conn, others):
+                    if r.status == "stale":
+                        stale.add((r.job_id, r.run_lease))
+        committed = time.time()
+        for cid, (_, n_all) in per_receipt.items():
+            left = self._remaining.get(cid, n_all) - n_all
+            if left <= 0:
+                self._remaining.pop(cid, None)
+            else:
+                self._remaining[cid] = left
+        self.flushes += 1
+        self.pending -= len(batch)
+        self._on_flushed(FlushReport(batch, stale, time.perf_counter() - t0, committed))

@@ -1,0 +1,477 @@
+"""The claimer: claim path, handler execution, hand-off to the completion batcher.
+
+One claimer serves one stripe of one queue. Its main loop claims through
+the one claim function (``Storage.lane_claim``) whenever local capacity is
+free, and otherwise sleeps until a NOTIFY for its queue, a handler freeing
+capacity, or the poll interval. Handlers run on a bounded thread pool (sync)
+or an event loop thread (``async def``); an outcome goes to the completion
+batcher and the capacity is free at once. Heartbeats run on their own
+thread. No transaction is held while a handler runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from awa_fast.errors import TerminalError
+from awa_fast.jobs import Cancel, ClaimSnapshot, Job, JobSpec, RetryAfter, Snooze, WaitForCallback
+from awa_fast.runtime.batcher import RELEASE, BatcherConfig, CompletionBatcher, FlushReport, Outcome
+from awa_fast.runtime.heartbeat import Heartbeat, HeartbeatConfig
+from awa_fast.storage import (
+    CLOSE_CANCEL,
+    CLOSE_FAIL,
+    CLOSE_RETRY,
+    CLOSE_SNOOZE,
+    Storage,
+    connect,
+    use_raw_jsonb,
+)
+
+log = logging.getLogger("awa_fast.claimer")
+
+_MAX_ERROR = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimerConfig:
+    """Settings of one claimer (one stripe of one queue)."""
+
+    dsn: str
+    schema: str
+    queue: str
+    stripe: int = 0
+    stripes: int = 1
+    concurrency: int = 64
+    claim_batch: int = 1024
+    poll_interval: float = 1.0
+    flush_max: int = 2048
+    heartbeat_interval: float = 5.0
+    drain_timeout: float = 30.0
+    listen: bool = True
+
+
+def error_text(exc: BaseException | str) -> str:
+    """Error text safe to store: no NUL, no lone surrogates, at most 8 KiB."""
+    text = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
+    text = text.replace("\x00", "\\x00")
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text[:_MAX_ERROR]
+
+
+class Claimer:
+    """Claims, runs and completes jobs of one queue stripe."""
+
+    def __init__(self, config: ClaimerConfig, registry: dict[str, JobSpec], shm_record: Any = None) -> None:
+        self.config = config
+        self.registry = registry
+        self.storage = Storage(config.schema)
+        self.shm = shm_record
+        self.held: dict[tuple[int, int], Job] = {}
+        self.claimed_at: dict[tuple[int, int], float] = {}
+        self.stateful: set[tuple[int, int]] = set()
+        self.batcher = CompletionBatcher(
+            BatcherConfig(config.dsn, config.schema, config.flush_max,
+                          f"awa_fast:batcher:{config.queue}#{config.stripe}"),
+            self._flushed, self.stateful)
+        self.heartbeat = Heartbeat(
+            HeartbeatConfig(config.dsn, config.schema, config.heartbeat_interval,
+                            application_name=f"awa_fast:heartbeat:{config.queue}#{config.stripe}"),
+            self.held, self.claimed_at, self.stateful)
+        self._stopping = threading.Event()
+        self._wake = threading.Event()
+        self._work: queue.SimpleQueue[list[Job] | None] = queue.SimpleQueue()
+        self._buffered = 0  # claimed, not yet started
+        self._running = 0
+        self._count_lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+        self._listen_conn: psycopg.Connection | None = None
+        self._claim_conn: psycopg.Connection | None = None
+        self.stats = {"claimed": 0, "completed": 0, "retried": 0, "failed": 0, "cancelled": 0,
+                      "snoozed": 0, "stale": 0, "claim_calls": 0, "empty_claims": 0, "batches": 0}
+        self._pickup: list[float] = []
+        self._e2e: list[float] = []
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Begin a graceful drain (safe from a signal handler)."""
+        self._stopping.set()
+        self._wake.set()
+
+    def run(self) -> int:
+        """Claim and run jobs until :meth:`stop`; then drain. Returns an exit code (0 = clean)."""
+        cfg = self.config
+        self._set_state("starting")
+        self.batcher.start()
+        self.heartbeat.start()
+        for i in range(cfg.concurrency if self._has_sync() else 0):
+            t = threading.Thread(target=self._worker, name=f"awa-worker-{i}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        if self._has_async():
+            self._loop = asyncio.new_event_loop()
+            self._loop_thread = threading.Thread(target=self._loop.run_forever, name="awa-async", daemon=True)
+            self._loop_thread.start()
+        if cfg.listen:
+            threading.Thread(target=self._listen, name="awa-listen", daemon=True).start()
+        self._set_state("running")
+        log.info("claimer %s#%d running (concurrency %d, batch %d)", cfg.queue, cfg.stripe, cfg.concurrency,
+                 cfg.claim_batch, extra={"action": "claimer_start"})
+        try:
+            self._claim_loop()
+        finally:
+            code = self._drain()
+        return code
+
+    def _has_sync(self) -> bool:
+        return any(not s.is_async for s in self.registry.values()) or not self.registry
+
+    def _has_async(self) -> bool:
+        return any(s.is_async for s in self.registry.values())
+
+    def _set_state(self, state: str) -> None:
+        if self.shm is not None:
+            self.shm.set_state(state)
+
+    # -- the claim path -----------------------------------------------------------------
+
+    def _claim_connection(self) -> psycopg.Connection:
+        if self._claim_conn is None or self._claim_conn.closed:
+            self._claim_conn = connect(self.config.dsn,
+                                       application_name=f"awa_fast:claimer:{self.config.queue}#{self.config.stripe}")
+            use_raw_jsonb(self._claim_conn)
+        return self._claim_conn
+
+    def _claim_loop(self) -> None:
+        cfg = self.config
+        backoff = 0.05
+        # Running handlers plus up to one claim batch buffered locally.
+        target = cfg.concurrency + cfg.claim_batch
+        while not self._stopping.is_set():
+            self._wake.clear()
+            free = target - (self._buffered + self._running)
+            if free >= min(cfg.claim_batch, 32) or (free > 0 and self._buffered == 0):
+                try:
+                    snaps = self.storage.lane_claim(self._claim_connection(), cfg.queue,
+                                                    min(free, cfg.claim_batch), cfg.stripe, cfg.stripes)
+                    backoff = 0.05
+                except psycopg.OperationalError as exc:
+                    log.warning("claim on %s failed: %s; reconnecting in %.2fs", cfg.queue,
+                                str(exc).strip().splitlines()[0] if str(exc) else exc, backoff,
+                                extra={"action": "claim_error"})
+                    self._close_claim_conn()
+                    self._stopping.wait(backoff)
+                    backoff = min(backoff * 2, 5.0)
+                    continue
+                self.stats["claim_calls"] += 1
+                if snaps:
+                    self._dispatch(snaps)
+                    continue
+                self.stats["empty_claims"] += 1
+            self._publish()
+            self._wake.wait(cfg.poll_interval)
+
+    def _close_claim_conn(self) -> None:
+        if self._claim_conn is not None:
+            try:
+                self._claim_conn.close()
+            except Exception:  # noqa: BLE001 - closing a broken connection
+                pass
+            self._claim_conn = None
+
+    def _dispatch(self, snaps: Sequence[ClaimSnapshot]) -> None:
+        now = time.monotonic()
+        self.batcher.register_receipts(snaps)
+        jobs = []
+        for s in snaps:
+            spec = self.registry.get(s.kind)
+            job = Job(s, spec.args_type if spec else None, self)
+            key = (s.job_id, s.run_lease)
+            self.held[key] = job
+            self.claimed_at[key] = now
+            jobs.append(job)
+        n = len(jobs)
+        self.stats["claimed"] += n
+        with self._count_lock:
+            self._buffered += n
+        sync_jobs = [j for j in jobs if not self._is_async(j)]
+        async_jobs = [j for j in jobs if self._is_async(j)]
+        if sync_jobs:
+            workers = max(1, len(self._threads))
+            chunk = max(1, -(-len(sync_jobs) // workers))
+            for i in range(0, len(sync_jobs), chunk):
+                self._work.put(sync_jobs[i:i + chunk])
+        if async_jobs and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._spawn_async, async_jobs)
+
+    def _is_async(self, job: Job) -> bool:
+        spec = self.registry.get(job.kind)
+        return spec is not None and spec.is_async
+
+    # -- handler execution --------------------------------------------------------------
+
+    def _worker(self) -> None:
+        while True:
+            chunk = self._work.get()
+            if chunk is None:
+                return
+            for job in chunk:
+                with self._count_lock:
+                    self._buffered -= 1
+                    self._running += 1
+                outcome = self._run_sync(job)
+                self._finish(job, outcome)
+
+    def _run_sync(self, job: Job) -> Outcome:
+        spec = self.registry.get(job.kind)
+        if spec is None:
+            return (CLOSE_FAIL, None, f"no handler registered for kind {job.kind!r} in this worker")
+        job.started_at = time.time()
+        try:
+            result = spec.handler(job)
+        except TerminalError as exc:
+            return (CLOSE_FAIL, None, error_text(exc))
+        except Exception as exc:  # noqa: BLE001 - any handler failure retries
+            return (CLOSE_RETRY, None, error_text(exc))
+        return self._outcome(job, result)
+
+    def _spawn_async(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            asyncio.ensure_future(self._run_async(job))
+
+    async def _run_async(self, job: Job) -> None:
+        with self._count_lock:
+            self._buffered -= 1
+            self._running += 1
+        spec = self.registry[job.kind]
+        job.started_at = time.time()
+        try:
+            result = await spec.handler(job)
+        except TerminalError as exc:
+            outcome: Outcome = (CLOSE_FAIL, None, error_text(exc))
+        except Exception as exc:  # noqa: BLE001 - any handler failure retries
+            outcome = (CLOSE_RETRY, None, error_text(exc))
+        else:
+            outcome = self._outcome(job, result)
+        self._finish(job, outcome)
+
+    def _outcome(self, job: Job, result: object) -> Outcome:
+        if result is None:
+            return None
+        if isinstance(result, RetryAfter):
+            return (CLOSE_RETRY, _seconds(result.seconds), error_text(result.reason or "retry requested"))
+        if isinstance(result, Snooze):
+            return (CLOSE_SNOOZE, _seconds(result.seconds), None)
+        if isinstance(result, Cancel):
+            return (CLOSE_CANCEL, None, error_text(result.reason))
+        if isinstance(result, WaitForCallback):
+            if not job.lease_backed:
+                try:
+                    job.register_callback(_seconds(result.timeout))
+                except Exception as exc:  # noqa: BLE001 - registration failed: retry the job
+                    return (CLOSE_RETRY, None, error_text(exc))
+            return _PARKED
+        return (CLOSE_RETRY, None, error_text(f"handler returned an unsupported value of type "
+                                              f"{type(result).__name__}; return None or an outcome"))
+
+    def _finish(self, job: Job, outcome: Outcome | object) -> None:
+        with self._count_lock:
+            self._running -= 1
+        if outcome is _PARKED:
+            key = (job.id, job.run_lease)
+            self.held.pop(key, None)
+            self.claimed_at.pop(key, None)
+            self.batcher.submit(job, RELEASE)
+        else:
+            self.batcher.submit(job, outcome)  # type: ignore[arg-type]
+        if self._buffered < self.config.concurrency and not self._wake.is_set():
+            self._wake.set()
+
+    # -- the runtime interface used by Job -------------------------------------------
+
+    def progress_changed(self, job: Job) -> None:
+        self.heartbeat.progress_changed(job)
+
+    def register_callback(self, job: Job, timeout: float) -> str:
+        conn = connect(self.config.dsn, application_name="awa_fast:callback")
+        try:
+            token = self.storage.attempt_register_callback(conn, job.snapshot, timeout)
+        finally:
+            conn.close()
+        if token is None:
+            raise RuntimeError(f"attempt of job {job.id} (run_lease {job.run_lease}) is no longer live")
+        return str(token)
+
+    # -- after a flush --------------------------------------------------------------------
+
+    def _flushed(self, report: FlushReport) -> None:
+        st = self.stats
+        st["batches"] += 1
+        e2e = self._e2e
+        for job, outcome in report.jobs:
+            key = (job.id, job.run_lease)
+            self.held.pop(key, None)
+            self.claimed_at.pop(key, None)
+            self.stateful.discard(key)
+            if outcome is RELEASE:
+                continue
+            if key in report.stale:
+                st["stale"] += 1
+                continue
+            if outcome is None:
+                st["completed"] += 1
+            else:
+                code = outcome[0]
+                if code == CLOSE_RETRY:
+                    st["retried"] += 1
+                elif code == CLOSE_SNOOZE:
+                    st["snoozed"] += 1
+                elif code == CLOSE_CANCEL:
+                    st["cancelled"] += 1
+                elif code == CLOSE_FAIL:
+                    st["failed"] += 1
+                else:
+                    st["completed"] += 1
+            created = job.snapshot.created_at.timestamp()
+            e2e.append(report.committed_at - created)
+            if job.started_at:
+                self._pickup.append(job.started_at - created)
+        if report.stale:
+            log.info("%d stale outcomes rejected (attempt rescued or closed elsewhere)", len(report.stale),
+                     extra={"action": "stale_outcomes"})
+        self._publish()
+
+    def _publish(self) -> None:
+        if self.shm is None:
+            return
+        st = self.stats
+        self.shm.add(**{k: st[k] for k in st})
+        for k in st:
+            st[k] = 0
+        if self._pickup:
+            pickup, self._pickup = self._pickup, []
+            self.shm.observe_latency("pickup", pickup)
+        if self._e2e:
+            e2e, self._e2e = self._e2e, []
+            self.shm.observe_latency("e2e", e2e)
+        self.shm.set_in_flight(self._running + self._buffered)
+        self.shm.heartbeat()
+
+    # -- LISTEN/NOTIFY -------------------------------------------------------------------
+
+    def _listen(self) -> None:
+        backoff = 0.1
+        while not self._stopping.is_set():
+            try:
+                conn = connect(self.config.dsn, application_name=f"awa_fast:listen:{self.config.queue}")
+                self._listen_conn = conn
+                conn.execute(f'LISTEN "{self.storage.channel}"')
+                backoff = 0.1
+                self._wake.set()  # poll once after every (re)LISTEN: wakeups may have been missed
+                while not self._stopping.is_set():
+                    for note in conn.notifies(timeout=1.0):
+                        if note.payload == self.config.queue:
+                            self._wake.set()
+            except psycopg.Error as exc:
+                if self._stopping.is_set():
+                    return
+                log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, backoff,
+                            extra={"action": "listen_error"})
+                self._stopping.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+            finally:
+                if self._listen_conn is not None:
+                    try:
+                        self._listen_conn.close()
+                    except Exception:  # noqa: BLE001
+                        pass
+                    self._listen_conn = None
+
+    # -- drain ---------------------------------------------------------------------------------
+
+    def _drain(self) -> int:
+        cfg = self.config
+        self._set_state("draining")
+        log.info("claimer %s#%d draining", cfg.queue, cfg.stripe, extra={"action": "drain_start"})
+        # Hand back claimed jobs that never started: no attempt consumed.
+        handed_back = 0
+        while True:
+            try:
+                chunk = self._work.get_nowait()
+            except queue.Empty:
+                break
+            if chunk is None:
+                continue
+            for job in chunk:
+                with self._count_lock:
+                    self._buffered -= 1
+                self.batcher.submit(job, (CLOSE_SNOOZE, 0.0, None))
+                handed_back += 1
+        for _ in self._threads:
+            self._work.put(None)
+        deadline = time.monotonic() + cfg.drain_timeout
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        clean = not any(t.is_alive() for t in self._threads)
+        if self._loop is not None:
+            while self._running > 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            clean = clean and self._running == 0
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        flushed = self.batcher.stop(max(1.0, deadline - time.monotonic()))
+        self.heartbeat.stop()
+        self._close_claim_conn()
+        self._publish()
+        self._set_state("stopped")
+        log.info("claimer %s#%d drained (handed back %d unstarted jobs, clean=%s)", cfg.queue, cfg.stripe,
+                 handed_back, clean and flushed, extra={"action": "drain_done"})
+        return 0 if clean and flushed else 1
+
+
+def _seconds(value: object) -> float:
+    try:
+        v = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return 0.0
+    if v != v or v < 0:
+        return 0.0
+    return min(v, 10 * 365 * 86400.0)
+
+
+# A handler parked its attempt for a callback: nothing to write.
+_PARKED = object()
+
+
+def claimer_main(app_ref: str, config: ClaimerConfig, shm_name: str | None, shm_index: int) -> None:
+    """Entry point of a claimer process (forked by the supervisor)."""
+    import signal
+
+    from awa_fast.runtime.loader import load_app
+
+    app = load_app(app_ref)
+    record = None
+    ring = None
+    if shm_name:
+        from awa_fast.runtime.shm import ShmRing
+
+        ring = ShmRing.attach(shm_name)
+        record = ring.claimer(shm_index)
+    claimer = Claimer(config, app.registry, record)
+    signal.signal(signal.SIGTERM, lambda *_: claimer.stop())
+    signal.signal(signal.SIGINT, lambda *_: claimer.stop())
+    code = claimer.run()
+    if ring is not None:
+        ring.close()
+    os._exit(code)

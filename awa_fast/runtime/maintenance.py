@@ -1,0 +1,272 @@
+"""Leader-elected maintenance: promote, rescue, rotate and prune the rings, DLQ retention.
+
+Exactly one maintenance process leads across every supervisor on every
+host sharing the database: leadership is a session advisory lock held on
+the leader's own connection, and every maintenance statement runs on that
+same connection, so a leader that loses its connection loses its lock and
+can do nothing more (fencing). Standbys try to take the lock every
+``election_interval`` seconds.
+
+Each service is a method with a ``run_once`` shape that tests call directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from awa_fast.storage import Storage, connect
+from awa_fast.storage.schema import render
+
+log = logging.getLogger("awa_fast.maintenance")
+
+RINGS = ("claim", "ready", "lease")
+
+
+@dataclass(frozen=True, slots=True)
+class MaintenanceConfig:
+    """Intervals (seconds) and limits of the maintenance services."""
+
+    dsn: str
+    schema: str
+    election_interval: float = 1.0
+    promote_interval: float = 0.25
+    rescue_interval: float = 1.0
+    rotate_intervals: dict[str, float] = field(default_factory=lambda: {"claim": 1.0, "ready": 30.0,
+                                                                         "lease": 30.0})
+    prune_interval: float = 0.5
+    dlq_retention_interval: float = 60.0
+    prune_lock_timeout_ms: int = 50
+    batch: int = 2000
+
+
+class Maintenance:
+    """The maintenance process: leader election plus the services it runs."""
+
+    def __init__(self, config: MaintenanceConfig, publish: Callable[[dict[str, Any]], None] | None = None) -> None:
+        self.config = config
+        self.storage = Storage(config.schema)
+        self._publish = publish
+        self._conn: psycopg.Connection | None = None
+        self._leader = False
+        self._stop = threading.Event()
+        self._last: dict[str, float] = {}
+        self.leader_since: float | None = None
+        self.last_prune: dict[str, dict[str, int]] = {}
+        self.last_prune_at: dict[str, float] = {}
+        self.last_rotate_at: dict[str, float] = {}
+        self.counters = {"promoted": 0, "rescued": 0, "callback_rescued": 0, "rotated": 0, "pruned": 0,
+                         "prune_skipped": 0, "dlq_pruned": 0, "elections_won": 0}
+
+    # -- leadership --------------------------------------------------------------------
+
+    @property
+    def is_leader(self) -> bool:
+        return self._leader
+
+    def try_lead(self) -> bool:
+        """Try to become leader (non-blocking); True if this process leads now."""
+        if self._leader:
+            return True
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = connect(self.config.dsn, application_name=f"awa_fast:maintenance:{self.config.schema}")
+            row = self._conn.execute(render("SELECT pg_try_advisory_lock(__SCHEMA__.lock_key('leader'), 0)",
+                                            self.config.schema)).fetchone()
+        except psycopg.Error as exc:
+            log.warning("leader election failed: %s", exc, extra={"action": "election_error"})
+            self._drop_connection()
+            return False
+        if row and row[0]:
+            self._leader = True
+            self.leader_since = time.time()
+            self.counters["elections_won"] += 1
+            log.info("maintenance leader elected (pid %d on %s)", os.getpid(), socket.gethostname(),
+                     extra={"action": "leader_elected"})
+        return self._leader
+
+    def resign(self) -> None:
+        """Give up leadership and close the connection (the lock goes with it)."""
+        self._drop_connection()
+
+    def _drop_connection(self) -> None:
+        if self._leader:
+            log.info("maintenance leadership lost or resigned", extra={"action": "leader_lost"})
+        self._leader = False
+        self.leader_since = None
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except Exception:  # noqa: BLE001 - closing a broken connection
+                pass
+            self._conn = None
+
+    # -- services (each runs only while leading) ---------------------------------------
+
+    def promote_once(self) -> int:
+        """Promote due deferred jobs (scheduled, retryable, snoozed) into ready."""
+        n = self.storage.deferred_promote(self._lead_conn(), self.config.batch)
+        self.counters["promoted"] += n
+        return n
+
+    def rescue_once(self) -> int:
+        """Rescue stale receipts and timed-out callbacks; sweep orphan attempt_state rows."""
+        conn = self._lead_conn()
+        n = self.storage.receipt_rescue_stale(conn, self.config.batch)
+        m = self.storage.lease_rescue_expired(conn, self.config.batch)
+        self.storage.attempt_state_sweep(conn)
+        self.counters["rescued"] += n
+        self.counters["callback_rescued"] += m
+        if n or m:
+            log.info("rescued %d stale attempts and %d timed-out callbacks", n, m, extra={"action": "rescue"})
+        return n + m
+
+    def rotate_once(self, ring: str) -> int | None:
+        """Rotate one ring if its next slot is free; the new slot or None."""
+        slot = self.storage.ring_rotate(self._lead_conn(), ring)
+        if slot is not None:
+            self.counters["rotated"] += 1
+            self.last_rotate_at[ring] = time.time()
+        return slot
+
+    def prune_once(self, ring: str) -> dict[str, int]:
+        """Prune every sealed slot of a ring, oldest first; outcome word -> count."""
+        conn = self._lead_conn()
+        state = self.storage.ring_state(conn)[ring]
+        current, count = int(state["slot"]), int(state["slots"])
+        outcomes: dict[str, int] = {}
+        for i in range(1, count):
+            slot = (current + i) % count
+            word = self.storage.ring_prune(conn, ring, slot, self.config.prune_lock_timeout_ms)
+            outcomes[word] = outcomes.get(word, 0) + 1
+            if word == "pruned":
+                self.counters["pruned"] += 1
+            elif word not in ("empty", "current"):
+                self.counters["prune_skipped"] += 1
+        self.last_prune[ring] = outcomes
+        self.last_prune_at[ring] = time.time()
+        return outcomes
+
+    def dlq_retention_once(self) -> int:
+        n = self.storage.dlq_retention_prune(self._lead_conn(), self.config.batch)
+        self.counters["dlq_pruned"] += n
+        return n
+
+    def _lead_conn(self) -> psycopg.Connection:
+        if not self._leader or self._conn is None:
+            raise RuntimeError("not the maintenance leader")
+        return self._conn
+
+    # -- loop --------------------------------------------------------------------------
+
+    def run_once(self) -> None:
+        """Run every service that is due (as leader)."""
+        cfg = self.config
+        now = time.monotonic()
+
+        def due(name: str, interval: float) -> bool:
+            if now - self._last.get(name, -1e9) >= interval:
+                self._last[name] = now
+                return True
+            return False
+
+        if due("promote", cfg.promote_interval):
+            self.promote_once()
+        if due("rescue", cfg.rescue_interval):
+            self.rescue_once()
+        for ring in RINGS:
+            if due(f"rotate:{ring}", cfg.rotate_intervals.get(ring, 30.0)):
+                self.rotate_once(ring)
+        if due("prune", cfg.prune_interval):
+            for ring in RINGS:
+                self.prune_once(ring)
+        if due("dlq", cfg.dlq_retention_interval):
+            self.dlq_retention_once()
+        if self._publish is not None:
+            self._publish(self.snapshot())
+
+    def snapshot(self) -> dict[str, Any]:
+        """Leader state and ring positions (for shared memory and status)."""
+        rings = {}
+        if self._leader and self._conn is not None:
+            rings = {k: {"slot": int(v["slot"]), "generation": int(v["generation"]), "slots": int(v["slots"])}
+                     for k, v in self.storage.ring_state(self._conn).items()}
+        return {"leader": self._leader, "pid": os.getpid(), "leader_since": self.leader_since,
+                "rings": rings, "counters": dict(self.counters), "last_prune": dict(self.last_prune),
+                "last_prune_at": dict(self.last_prune_at), "last_rotate_at": dict(self.last_rotate_at)}
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        """Elect, then run services until :meth:`stop`; re-elect after a lost connection."""
+        tick = min(self.config.promote_interval, self.config.prune_interval, self.config.election_interval)
+        while not self._stop.is_set():
+            if not self._leader:
+                if not self.try_lead():
+                    if self._publish is not None:
+                        self._publish(self.snapshot())
+                    self._stop.wait(self.config.election_interval)
+                    continue
+            try:
+                self.run_once()
+            except psycopg.OperationalError as exc:
+                log.warning("maintenance connection lost (%s); leadership dropped", exc,
+                            extra={"action": "maintenance_error"})
+                self._drop_connection()
+                continue
+            except psycopg.Error as exc:
+                log.error("maintenance step failed: %s", exc, extra={"action": "maintenance_error"})
+                try:
+                    if self._conn is not None and not self._conn.closed:
+                        self._conn.rollback()
+                except psycopg.Error:
+                    self._drop_connection()
+            self._stop.wait(tick)
+        self._drop_connection()
+
+
+def maintenance_main(config: MaintenanceConfig, shm_name: str | None) -> None:
+    """Entry point of the maintenance process (forked by the supervisor)."""
+    import signal
+
+    ring = None
+    publish = None
+    if shm_name:
+        from awa_fast.runtime.shm import ShmRing
+
+        ring = ShmRing.attach(shm_name)
+
+        def publish(state: dict[str, Any]) -> None:
+            from awa_fast.runtime.shm import prune_outcome_counts
+
+            rings: dict[str, dict[str, int | float]] = {}
+            for name, st in state["rings"].items():
+                fields: dict[str, int | float] = {"current_slot": st["slot"], "generation": st["generation"],
+                                                  "slot_count": st["slots"]}
+                words = [w for w, n in state["last_prune"].get(name, {}).items() for _ in range(n)]
+                fields.update(prune_outcome_counts(words))
+                if name in state["last_prune_at"]:
+                    fields["last_prune"] = state["last_prune_at"][name]
+                if name in state["last_rotate_at"]:
+                    fields["last_rotate"] = state["last_rotate_at"][name]
+                rings[name] = fields
+            ring.publish_rings(rings, os.getpid() if state["leader"] else 0,
+                               leader_since=state["leader_since"],
+                               role="leader" if state["leader"] else "standby")
+
+    m = Maintenance(config, publish)
+    signal.signal(signal.SIGTERM, lambda *_: m.stop())
+    signal.signal(signal.SIGINT, lambda *_: m.stop())
+    m.run()
+    if ring is not None:
+        ring.close()
+    os._exit(0)

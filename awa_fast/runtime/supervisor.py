@@ -1,0 +1,243 @@
+"""The supervisor: one claimer process per queue stripe, one maintenance process.
+
+``awa-fast supervise app.module:app --queue email:stripes=2,concurrency=64``
+forks its children (``multiprocess`` with the fork start method: nothing is
+pickled), restarts a crashed child with exponential backoff, and turns
+SIGTERM/SIGINT into a graceful drain: children stop claiming, hand back
+unstarted jobs, let running handlers finish up to the drain timeout and
+flush their batchers; whatever outlives the timeout is SIGKILLed.
+
+Exit codes: 0 clean drain, 1 a child did not drain cleanly, 2 bad
+configuration (for example the schema is not migrated), 3 database down.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import time
+from dataclasses import dataclass, field, replace
+from multiprocessing.connection import wait
+from typing import Any
+
+import multiprocess
+
+from awa_fast.client import validate_name
+from awa_fast.errors import AwaFastError, ConfigError, DatabaseUnavailable
+from awa_fast.runtime.claimer import ClaimerConfig, claimer_main
+from awa_fast.runtime.maintenance import MaintenanceConfig, maintenance_main
+from awa_fast.storage import Storage, connect
+
+log = logging.getLogger("awa_fast.supervisor")
+
+EXIT_CLEAN, EXIT_UNCLEAN, EXIT_CONFIG, EXIT_DATABASE = 0, 1, 2, 3
+
+_SPEC_KEYS = {"stripes": (1, 64), "concurrency": (1, 4096), "batch": (1, 10000)}
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSpec:
+    """How one queue is served: stripes (claimer processes), concurrency each, claim batch."""
+
+    name: str
+    stripes: int = 1
+    concurrency: int = 64
+    batch: int = 1024
+
+
+def parse_queue_spec(text: str) -> QueueSpec:
+    """Parse ``NAME[:stripes=N,concurrency=M,batch=B]``."""
+    name, _, opts = text.partition(":")
+    validate_name("queue", name)
+    values: dict[str, int] = {}
+    if opts:
+        for part in opts.split(","):
+            key, eq, raw = part.partition("=")
+            key = key.strip()
+            if not eq or key not in _SPEC_KEYS or not re.fullmatch(r"\d+", raw.strip()):
+                raise ConfigError(f"bad queue option {part!r} in {text!r}: use "
+                                  "NAME[:stripes=N,concurrency=M,batch=B]")
+            low, high = _SPEC_KEYS[key]
+            value = int(raw)
+            if not low <= value <= high:
+                raise ConfigError(f"{key}={value} in {text!r} is out of range {low}..{high}")
+            values[key] = value
+    return QueueSpec(name, **values)
+
+
+@dataclass(frozen=True, slots=True)
+class SupervisorConfig:
+    """Everything the supervisor needs to run its children."""
+
+    app_ref: str
+    dsn: str
+    schema: str
+    queues: tuple[QueueSpec, ...]
+    drain_timeout: float = 30.0
+    restart_backoff_max: float = 10.0
+    maintenance: bool = True
+    poll_interval: float = 1.0
+    heartbeat_interval: float = 5.0
+    home: str | None = None
+    maintenance_config: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Child:
+    name: str
+    target: Any
+    args: tuple[Any, ...]
+    process: Any = None
+    started: float = 0.0
+    restarts: int = 0
+    backoff: float = 0.1
+    next_start: float = 0.0
+    exitcode: int | None = None
+
+
+class Supervisor:
+    """Forks and watches the claimers and the maintenance process."""
+
+    def __init__(self, config: SupervisorConfig) -> None:
+        self.config = config
+        self._ctx = multiprocess.get_context("fork")
+        self._draining = False
+        self._children: list[_Child] = []
+        self._ring: Any = None
+
+    def request_drain(self, *_: object) -> None:
+        """Start a graceful drain (signal handler)."""
+        if not self._draining:
+            log.info("drain requested", extra={"action": "drain_requested"})
+        self._draining = True
+
+    def _prepare_database(self) -> None:
+        storage = Storage(self.config.schema)
+        conn = connect(self.config.dsn, application_name="awa_fast:supervisor")
+        try:
+            storage.schema_check(conn)
+            for q in self.config.queues:
+                storage.queue_ensure(conn, q.name)
+        finally:
+            conn.close()
+
+    def run(self) -> int:
+        """Run until drained; returns the process exit code."""
+        cfg = self.config
+        try:
+            self._prepare_database()
+        except DatabaseUnavailable as exc:
+            log.error("%s", exc, extra={"action": "supervisor_exit"})
+            return EXIT_DATABASE
+        except AwaFastError as exc:
+            log.error("%s", exc, extra={"action": "supervisor_exit"})
+            return EXIT_CONFIG
+        slots = [(q.name, i) for q in cfg.queues for i in range(q.stripes)]
+        shm_name = self._create_ring(slots)
+        index = 0
+        for q in cfg.queues:
+            for stripe in range(q.stripes):
+                ccfg = ClaimerConfig(cfg.dsn, cfg.schema, q.name, stripe, q.stripes, q.concurrency, q.batch,
+                                     cfg.poll_interval, heartbeat_interval=cfg.heartbeat_interval,
+                                     drain_timeout=cfg.drain_timeout)
+                self._children.append(_Child(f"claimer {q.name}#{stripe}", claimer_main,
+                                             (cfg.app_ref, ccfg, shm_name, index)))
+                index += 1
+        if cfg.maintenance:
+            mcfg = MaintenanceConfig(cfg.dsn, cfg.schema, **cfg.maintenance_config)
+            self._children.append(_Child("maintenance", maintenance_main, (mcfg, shm_name)))
+        signal.signal(signal.SIGTERM, self.request_drain)
+        signal.signal(signal.SIGINT, self.request_drain)
+        log.info("supervisor %d starting %d claimers and %s", os.getpid(), len(slots),
+                 "maintenance" if cfg.maintenance else "no maintenance", extra={"action": "supervisor_start"})
+        try:
+            for child in self._children:
+                self._start(child)
+            self._watch()
+            return self._drain()
+        finally:
+            self._close_ring()
+
+    def _create_ring(self, slots: list[tuple[str, int]]) -> str | None:
+        try:
+            from awa_fast.runtime.shm import ShmRing, write_locator
+        except ImportError:
+            return None
+        self._ring = ShmRing.create(None, slots)
+        if self.config.home:
+            write_locator(self.config.home, self.config.schema, self._ring.name, os.getpid())
+        return str(self._ring.name)
+
+    def _close_ring(self) -> None:
+        if self._ring is None:
+            return
+        if self.config.home:
+            from awa_fast.runtime.shm import remove_locator
+
+            remove_locator(self.config.home, self.config.schema)
+        self._ring.close()
+        self._ring.unlink()
+        self._ring = None
+
+    def _start(self, child: _Child) -> None:
+        proc = self._ctx.Process(target=child.target, args=child.args, name=child.name, daemon=False)
+        proc.start()
+        child.process = proc
+        child.started = time.monotonic()
+        log.info("started %s (pid %d)", child.name, proc.pid, extra={"action": "child_start"})
+
+    def _watch(self) -> None:
+        while not self._draining:
+            live = [c.process.sentinel for c in self._children if c.process is not None]
+            now = time.monotonic()
+            pending = [c.next_start - now for c in self._children if c.process is None]
+            timeout = max(0.01, min([0.5, *pending]))
+            ready = wait(live, timeout) if live else (time.sleep(timeout) or [])
+            now = time.monotonic()
+            for child in self._children:
+                proc = child.process
+                if proc is not None and proc.sentinel in ready:
+                    proc.join()
+                    child.exitcode = proc.exitcode
+                    child.process = None
+                    if self._draining:
+                        break
+                    lived = now - child.started
+                    child.backoff = 0.1 if lived > 30 else min(child.backoff * 2, self.config.restart_backoff_max)
+                    child.next_start = now + child.backoff
+                    child.restarts += 1
+                    log.warning("%s exited with code %s after %.1fs; restarting in %.1fs",
+                                child.name, proc.exitcode, lived, child.backoff, extra={"action": "child_exit"})
+                elif proc is None and now >= child.next_start and not self._draining:
+                    self._start(child)
+
+    def _drain(self) -> int:
+        deadline = time.monotonic() + self.config.drain_timeout + 5.0
+        for child in self._children:
+            if child.process is not None and child.process.is_alive():
+                os.kill(child.process.pid, signal.SIGTERM)
+        clean = True
+        for child in self._children:
+            proc = child.process
+            if proc is None:
+                continue
+            proc.join(max(0.0, deadline - time.monotonic()))
+            if proc.is_alive():
+                log.error("%s did not drain within the timeout; SIGKILL", child.name, extra={"action": "child_kill"})
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.join()
+                clean = False
+            elif proc.exitcode != 0:
+                clean = False
+            log.info("%s exited with code %s", child.name, proc.exitcode, extra={"action": "child_exit"})
+        log.info("supervisor drained (%s)", "clean" if clean else "unclean", extra={"action": "supervisor_exit"})
+        return EXIT_CLEAN if clean else EXIT_UNCLEAN
+
+    def children(self) -> list[tuple[str, int | None]]:
+        """(name, pid) of every child (pid None while waiting for a restart)."""
+        return [(c.name, c.process.pid if c.process is not None else None) for c in self._children]
+
+
+__all__ = ["QueueSpec", "Supervisor", "SupervisorConfig", "parse_queue_spec", "replace"]

@@ -1,0 +1,165 @@
+# Included by codec.pyx. ClaimSnapshot slot access and decode_snapshots.
+#
+# ClaimSnapshot is a msgspec Struct (frozen, gc=False): every field is an
+# object slot at a fixed offset, described by a member descriptor on the
+# class. At import we read those offsets and check the class is a plain
+# slotted, non-GC, dict-less type allocated by PyType_GenericAlloc and freed by
+# PyObject_Free, not abstract, with no __post_init__, no keyword-only fields and
+# None defaults: then msgspec's own constructor does exactly what we do. Then:
+#   * the encoders read fields of exact ClaimSnapshot instances from their
+#     slots instead of through getattr (any other object: getattr);
+#   * decode_snapshots allocates the struct and stores the row's items in the
+#     slots, as ClaimSnapshot(*row) does, without the call machinery.
+# If any check fails, both fall back to the generic path (getattr / calling
+# the class): slower, never wrong. ``_fast_snapshots`` says which is live.
+
+cdef PyTypeObject* _snap_type = <PyTypeObject*>ClaimSnapshot
+cdef Py_ssize_t _snap_nfields = 0      # fields, in declaration order
+cdef Py_ssize_t _snap_nrequired = 0    # fields without a default
+cdef Py_ssize_t[64] _snap_off          # slot offset of each field
+cdef bint _snap_slots_ok = False       # offsets usable for reading
+cdef bint _snap_build_ok = False       # decode may fill slots directly
+
+# slot offsets of the fields the encoders read (-1: use getattr)
+cdef Py_ssize_t _off_ready_slot = -1, _off_job_id = -1, _off_lane_id = -1, _off_lane_seq = -1
+cdef Py_ssize_t _off_run_lease = -1, _off_attempt = -1, _off_queue = -1, _off_kind = -1
+cdef Py_ssize_t _off_claim_slot = -1, _off_claim_id = -1
+
+
+cdef Py_ssize_t _member_offset(object cls, str name, Py_ssize_t basicsize):
+    """Offset of an object slot defined on ``cls`` itself, or -1."""
+    descr = cls.__dict__.get(name)
+    if descr is None or Py_TYPE(descr) != &PyMemberDescr_Type:
+        return -1
+    cdef PyMemberDef* member = (<PyMemberDescrObject*><PyObject*>descr).d_member
+    if member.type != MEMBER_T_OBJECT_EX:
+        return -1
+    if member.offset < <Py_ssize_t>sizeof(PyObject) or member.offset > basicsize - <Py_ssize_t>sizeof(PyObject*):
+        return -1
+    if member.offset % <Py_ssize_t>sizeof(PyObject*):
+        return -1
+    return member.offset
+
+
+cdef void _probe_snapshot_layout() except *:
+    global _snap_nfields, _snap_nrequired, _snap_slots_ok, _snap_build_ok
+    global _off_ready_slot, _off_job_id, _off_lane_id, _off_lane_seq, _off_run_lease
+    global _off_attempt, _off_queue, _off_kind, _off_claim_slot, _off_claim_id
+    cdef _TypeView* tp = <_TypeView*>_snap_type
+    cdef Py_ssize_t off, i
+    cls = ClaimSnapshot
+    try:
+        fields = cls.__struct_fields__
+        defaults = cls.__struct_defaults__
+    except AttributeError:
+        return
+    if type(fields) is not tuple or type(defaults) is not tuple:
+        return
+    if not 0 < len(fields) <= 64 or len(defaults) > len(fields):
+        return
+    if tp.tp_itemsize != 0 or tp.tp_dictoffset != 0 or tp.tp_weaklistoffset != 0:
+        return
+    offsets = {}
+    for i, name in enumerate(fields):
+        off = _member_offset(cls, name, tp.tp_basicsize)
+        if off < 0:
+            return
+        _snap_off[i] = off
+        offsets[name] = off
+    if len(set(offsets.values())) != len(fields):
+        return
+    _snap_nfields = len(fields)
+    _snap_nrequired = len(fields) - len(defaults)
+    _off_ready_slot = offsets.get("ready_slot", -1)
+    _off_job_id = offsets.get("job_id", -1)
+    _off_lane_id = offsets.get("lane_id", -1)
+    _off_lane_seq = offsets.get("lane_seq", -1)
+    _off_run_lease = offsets.get("run_lease", -1)
+    _off_attempt = offsets.get("attempt", -1)
+    _off_queue = offsets.get("queue", -1)
+    _off_kind = offsets.get("kind", -1)
+    _off_claim_slot = offsets.get("claim_slot", -1)
+    _off_claim_id = offsets.get("claim_id", -1)
+    _snap_slots_ok = True
+    _snap_build_ok = (
+        tp.tp_basicsize == <Py_ssize_t>sizeof(PyObject) + _snap_nfields * <Py_ssize_t>sizeof(PyObject*)
+        and not (tp.tp_flags & Py_TPFLAGS_HAVE_GC)
+        and not (tp.tp_flags & ((1 << 3) | (1 << 4)))  # managed dict / weakref (3.11+)
+        and tp.tp_alloc == GENERIC_ALLOC_ADDR
+        and tp.tp_free == OBJECT_FREE_ADDR
+        and not (tp.tp_flags & (1 << 20))  # Py_TPFLAGS_IS_ABSTRACT
+        and not hasattr(cls, "__post_init__")
+        and all(d is None for d in defaults)
+        and _all_positional(cls, fields)
+    )
+
+
+cdef bint _all_positional(object cls, tuple fields) except -1:
+    """Every field can be passed by position (no kw_only fields)."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(cls).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    return tuple(p.name for p in params) == fields and all(
+        p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params
+    )
+
+
+_probe_snapshot_layout()
+_fast_snapshots = bool(_snap_build_ok)
+_fast_snapshot_fields = bool(_snap_slots_ok)
+
+
+cdef inline object _snap_field(object snap, Py_ssize_t off, str name):
+    """``snap.<name>``: from its slot when ``snap`` is exactly a ClaimSnapshot."""
+    cdef PyObject* value
+    if off >= 0 and Py_TYPE(snap) == _snap_type:
+        value = (<PyObject**>((<char*><PyObject*>snap) + off))[0]
+        if value is not NULL:
+            return <object>value
+    return getattr(snap, name)
+
+
+cdef object _snapshot_from_tuple(tuple row):
+    """ClaimSnapshot(*row) for a row of the right length, filling the slots."""
+    cdef Py_ssize_t i, n = PyTuple_GET_SIZE(row)
+    cdef PyObject* obj = PyType_GenericAlloc(_snap_type, 0)
+    cdef PyObject* item
+    cdef char* base = <char*>obj
+    for i in range(n):
+        item = PyTuple_GET_ITEM(row, i)
+        Py_INCREF(<object>item)
+        (<PyObject**>(base + _snap_off[i]))[0] = item
+    for i in range(n, _snap_nfields):
+        Py_INCREF(None)
+        (<PyObject**>(base + _snap_off[i]))[0] = <PyObject*>None
+    result = <object>obj
+    Py_XDECREF(obj)
+    return result
+
+
+def decode_snapshots(rows):
+    """``[ClaimSnapshot(*row) for row in rows]``: rows in ClaimSnapshot field order."""
+    cdef Py_ssize_t i, n
+    cdef PyObject* row
+    if type(rows) is not list and type(rows) is not tuple:
+        rows = list(rows)
+    n = PySequence_Fast_GET_SIZE(rows)
+    cdef list out = PyList_New(n)
+    for i in range(n):
+        if i >= PySequence_Fast_GET_SIZE(rows):  # a row's __iter__ shrank the list
+            raise RuntimeError("rows changed size during decode_snapshots")
+        row = PySequence_Fast_ITEMS(rows)[i]
+        if (
+            _snap_build_ok
+            and type(<object>row) is tuple
+            and _snap_nrequired <= PyTuple_GET_SIZE(<object>row) <= _snap_nfields
+        ):
+            snap = _snapshot_from_tuple(<tuple>row)
+        else:
+            snap = ClaimSnapshot(*<object>row)
+        Py_INCREF(snap)
+        PyList_SET_ITEM(out, i, snap)
+    return out

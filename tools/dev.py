@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Set up and run awa-fast on a fresh machine, with the standard library only.
+
+    python3 tools/dev.py demo     # the main job, on the embedded PostgreSQL
+    python3 tools/dev.py test     # the test suite, under both implementations
+    python3 tools/dev.py setup    # only create .venv and install
+
+It creates ``.venv`` beside this checkout (with ``venv``, or ``virtualenv``
+where ``venv`` is missing), installs the package in editable mode with the
+extras it needs (psycopg's C implementation built against the system libpq
+when ``pg_config`` and the libpq headers exist, the prebuilt binary wheel
+otherwise), and runs. Re-running skips the install when nothing changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV = ROOT / ".venv"
+PY = VENV / "bin" / "python"
+STAMP = VENV / ".awa-fast-install"
+
+
+def run(cmd: list[str], **kw: object) -> int:
+    print("+ " + " ".join(str(c) for c in cmd), flush=True)
+    return subprocess.call([str(c) for c in cmd], **kw)  # type: ignore[arg-type]
+
+
+def check(cmd: list[str], **kw: object) -> None:
+    code = run(cmd, **kw)
+    if code != 0:
+        sys.exit(f"dev.py: command failed with exit code {code}: {' '.join(str(c) for c in cmd)}")
+
+
+def has_libpq_headers() -> bool:
+    pg_config = shutil.which("pg_config")
+    if not pg_config:
+        return False
+    try:
+        inc = subprocess.run([pg_config, "--includedir"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return False
+    return (Path(inc) / "libpq-fe.h").exists()
+
+
+def make_venv() -> None:
+    if PY.exists():
+        return
+    print(f"dev.py: creating {VENV}", flush=True)
+    if run([sys.executable, "-m", "venv", VENV]) != 0 or not PY.exists():
+        shutil.rmtree(VENV, ignore_errors=True)
+        print("dev.py: the venv module is unavailable; trying virtualenv", flush=True)
+        if run([sys.executable, "-m", "virtualenv", "--version"]) != 0:
+            check([sys.executable, "-m", "pip", "install", "--user", "virtualenv"])
+        check([sys.executable, "-m", "virtualenv", VENV])
+
+
+def install_fingerprint(psycopg_extra: str) -> str:
+    h = hashlib.sha256(psycopg_extra.encode())
+    for rel in ("pyproject.toml", "setup.py"):
+        h.update((ROOT / rel).read_bytes())
+    for path in sorted((ROOT / "cext").glob("*.p*")):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def install() -> None:
+    make_venv()
+    extra = "c" if has_libpq_headers() else "binary"
+    fingerprint = install_fingerprint(extra)
+    if STAMP.exists() and STAMP.read_text() == fingerprint:
+        return
+    check([PY, "-m", "pip", "install", "--quiet", "--upgrade", "pip", "setuptools", "wheel", "Cython>=3.0"])
+    # psycopg[c] compiles against the system libpq (pg_config); [binary] needs nothing.
+    pip_env = dict(os.environ)
+    if os.environ.get("CI"):
+        pip_env["AWA_FAST_REQUIRE_EXT"] = "1"  # a broken extension build must fail CI, not fall back
+    check([PY, "-m", "pip", "install", "--quiet", "-e", f".[{extra},test,perf]"], cwd=ROOT, env=pip_env)
+    code = subprocess.run([PY, "-c", "import psycopg, awa_fast; print(psycopg.pq.__impl__, awa_fast.__impl__)"],
+                          capture_output=True, text=True, cwd="/")
+    print(f"dev.py: installed (psycopg implementation, awa_fast implementation): {code.stdout.strip()}",
+          flush=True)
+    if code.returncode != 0:
+        sys.exit(f"dev.py: the installed package does not import:\n{code.stderr}")
+    STAMP.write_text(fingerprint)
+
+
+def env_without_venv_leaks() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def cmd_test(extra: list[str]) -> int:
+    env = env_without_venv_leaks()
+    if extra:
+        return run([PY, "-m", "pytest", *extra], cwd=ROOT, env=env)
+    # 1. The whole default suite on the C implementation (the default).
+    code = run([PY, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=ROOT, env=dict(env, AWA_FAST_IMPL="c"))
+    if code != 0:
+        return code
+    # 2. Every test that touches an accelerated function, on the pure-Python twin.
+    marked = run([PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "accelerated"], cwd=ROOT,
+                 env=dict(env, AWA_FAST_IMPL="python"))
+    return marked
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in ("demo", "test", "setup"):
+        print(__doc__)
+        return 2
+    install()
+    if argv[0] == "setup":
+        return 0
+    if argv[0] == "demo":
+        return run([PY, "-m", "awa_fast.demo", *argv[1:]], cwd=ROOT, env=env_without_venv_leaks())
+    return cmd_test(argv[1:])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
