@@ -159,3 +159,14 @@ FROM __SCHEMA__.queue_meta ORDER BY queue
 -- name: dead_tuples
 -- Dead tuples summed over the schema's tables (pg_stat_user_tables).
 SELECT COALESCE(sum(n_dead_tup), 0)::bigint FROM pg_stat_user_tables WHERE schemaname = %s
+
+-- name: deferred_run_now
+-- Make a scheduled, retryable or snoozed job due now (admin retry).
+UPDATE __SCHEMA__.deferred_jobs SET run_at = now() WHERE job_id = %s::bigint
+
+-- name: leader_info
+-- The backend holding this schema's maintenance leader lock, if any.
+SELECT a.pid, a.application_name, a.client_addr::text, a.backend_start
+FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 AND l.objid = 0
+  AND l.classid::bigint = (__SCHEMA__.lock_key('leader')::bigint & 4294967295)
