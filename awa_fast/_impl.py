@@ -17,6 +17,7 @@ this module and never from ``_codec``/``_pycodec`` directly.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from collections.abc import Iterable, Sequence
@@ -71,9 +72,9 @@ class Codec(Protocol):
 
 
 def _load_c() -> ModuleType:
-    from awa_fast import _codec
-
-    return _codec
+    # import_module, not "from awa_fast import _codec": during the package's own
+    # import that form reports a missing extension as a circular import
+    return importlib.import_module("awa_fast._codec")
 
 
 def _select() -> tuple[str, ModuleType]:

@@ -91,9 +91,19 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
     validate_schema(args.schema)
     rings = RingSizes(args.ready_slots, args.claim_slots, args.lease_slots)
-    result = migrate(resolve_dsn(args), args.schema, rings)
+    dsn = resolve_dsn(args)
+    result = migrate(dsn, args.schema, rings)
     data = {"schema": result.schema, "from_version": result.from_version, "to_version": result.to_version,
-            "changed": result.changed}
+            "changed": result.changed, "granted": list(args.grant_runtime)}
+    if args.grant_runtime:
+        from awa_fast.storage import Storage, connect
+
+        conn = connect(dsn, application_name="awa_fast:migrate")
+        try:
+            for role in args.grant_runtime:
+                Storage(args.schema).runtime_grant(conn, role)
+        finally:
+            conn.close()
     _out(args, data, f"schema {result.schema}: version {result.from_version} -> {result.to_version}"
          + ("" if result.changed else " (already up to date)"))
     return 0
@@ -137,7 +147,9 @@ def cmd_supervise(args: argparse.Namespace) -> int:
     schema = args.schema if args.schema_given else app.storage.schema
     config = SupervisorConfig(args.app, dsn, schema, tuple(specs), drain_timeout=args.drain_timeout,
                               maintenance=not args.no_maintenance, poll_interval=args.poll_interval,
-                              home=str(_home(args)))
+                              heartbeat_interval=args.heartbeat_interval, home=str(_home(args)),
+                              maintenance_config={"election_interval": args.election_interval,
+                                                  "rescue_interval": args.rescue_interval})
     return Supervisor(config).run()
 
 
@@ -250,6 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--ready-slots", type=int, default=16)
     sp.add_argument("--claim-slots", type=int, default=8)
     sp.add_argument("--lease-slots", type=int, default=8)
+    sp.add_argument("--grant-runtime", action="append", default=[], metavar="ROLE",
+                    help="grant ROLE what enqueue and supervise need (no DDL, no TRUNCATE); repeatable")
     sp.set_defaults(func=cmd_migrate)
 
     sp = sub.add_parser("db", help="manage the embedded PostgreSQL server")
@@ -264,7 +278,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--queue", action="append", default=[],
                     help="NAME[:stripes=N,concurrency=M,batch=B] (repeatable; default: the app's queues)")
     sp.add_argument("--drain-timeout", type=float, default=float(_env("AWA_FAST_DRAIN_TIMEOUT") or 30))
-    sp.add_argument("--poll-interval", type=float, default=1.0)
+    sp.add_argument("--poll-interval", type=float, default=1.0, help="claim poll fallback (s)")
+    sp.add_argument("--heartbeat-interval", type=float, default=5.0, help="heartbeat period of held attempts (s)")
+    sp.add_argument("--election-interval", type=float, default=1.0, help="standby leader election period (s)")
+    sp.add_argument("--rescue-interval", type=float, default=1.0, help="leader rescue scan period (s)")
     sp.add_argument("--no-maintenance", action="store_true", help="run no maintenance process here")
     sp.set_defaults(func=cmd_supervise)
 

@@ -67,8 +67,9 @@ $$;
 
 -- Lane id of (queue, priority, shard), creating the lane, its heads and
 -- its two cursor sequences on first use (the only DDL on the enqueue path).
+-- SECURITY DEFINER: a runtime role without DDL rights may create lanes.
 CREATE FUNCTION __SCHEMA__.lane_ensure(p_queue text, p_priority int, p_shard int) RETURNS int
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     s text := '__SCHEMA__';
     v_lane int;
@@ -251,7 +252,8 @@ END $$;
 
 -- Claim up to p_max runnable jobs of a queue. For each lane with work, in
 -- order of claim-time aged priority (priority minus whole aging intervals
--- the lane head has waited) and the caller's stripe: lock the claim head
+-- the lane head has waited), then oldest head first, then the caller's
+-- stripe: lock the claim head
 -- FOR UPDATE SKIP LOCKED, move its cursor across committed receipts,
 -- resolve the slot of the next rows through ready_segments, take the next
 -- rows, treat tombstoned ones as spent, append one receipt, and return the
@@ -287,16 +289,17 @@ BEGIN
         JOIN __SCHEMA__.queue_enqueue_heads e ON e.lane_id = h.lane_id
         CROSS JOIN LATERAL (SELECT pg_sequence_last_value(h.claim_seq) AS cur,
                                    pg_sequence_last_value(e.enqueue_seq) AS head) q
+        CROSS JOIN LATERAL (
+            -- age of the lane head: its oldest unclaimed segment
+            SELECT g.created_at AS head_at FROM __SCHEMA__.ready_segments g
+            WHERE g.lane_id = h.lane_id AND g.last_seq > q.cur
+            ORDER BY g.last_seq LIMIT 1) a
         WHERE h.queue = p_queue AND q.head > q.cur
         ORDER BY
-            h.priority - COALESCE((
-                SELECT floor(extract(epoch FROM now() - g.created_at) / v_aging)
-                FROM __SCHEMA__.ready_segments g
-                WHERE g.lane_id = h.lane_id AND g.last_seq > q.cur
-                ORDER BY g.last_seq LIMIT 1), 0),
+            h.priority - floor(extract(epoch FROM now() - a.head_at) / v_aging),
             h.priority,
-            ((h.shard - p_stripe) % greatest(p_stripes, 1) + greatest(p_stripes, 1)) % greatest(p_stripes, 1),
-            h.shard
+            a.head_at,
+            ((h.shard - p_stripe) % greatest(p_stripes, 1) + greatest(p_stripes, 1)) % greatest(p_stripes, 1)
     LOOP
         EXIT WHEN v_left <= 0;
         PERFORM 1 FROM __SCHEMA__.queue_claim_heads h WHERE h.lane_id = v_lane.lid FOR UPDATE SKIP LOCKED;
@@ -951,8 +954,10 @@ END $$;
 -- gates again, fold terminal counts into the rollups (ready ring), then
 -- TRUNCATE. A busy or blocked slot is skipped, never waited on for long.
 -- Returns 'pruned', 'empty', 'current', 'busy', or the gate that failed.
+-- SECURITY DEFINER: the runtime role needs no TRUNCATE privilege; prune is
+-- the only path that takes ACCESS EXCLUSIVE or truncates.
 CREATE FUNCTION __SCHEMA__.ring_prune(p_ring text, p_slot int, p_lock_timeout text DEFAULT '50ms') RETURNS text
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     s text := '__SCHEMA__';
     v_tables text[];
@@ -1156,4 +1161,28 @@ BEGIN
         'job_id', r.job_id, 'queue', r.queue, 'kind', r.kind, 'priority', r.priority, 'args', r.args,
         'metadata', r.metadata, 'attempt', r.attempt, 'max_attempts', r.max_attempts,
         'run_lease', r.lease_base, 'errors', r.errors, 'created_at', r.created_at);
+END $$;
+
+---------------------------------------------------------------------------
+-- Least privilege
+---------------------------------------------------------------------------
+
+-- Grant a runtime role what enqueue, supervise and admin need: DML on the
+-- tables, the sequences (cursors are setval'd), EXECUTE on the functions.
+-- No DDL and no TRUNCATE: lane creation and prune run as the owner through
+-- SECURITY DEFINER functions. Lane sequences created later are covered by
+-- default privileges of the owner.
+CREATE FUNCTION __SCHEMA__.runtime_grant(p_role text) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    s text := '__SCHEMA__';
+BEGIN
+    EXECUTE format('GRANT USAGE ON SCHEMA %s TO %I', s, p_role);
+    EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA %s TO %I', s, p_role);
+    EXECUTE format('GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA %s TO %I', s, p_role);
+    EXECUTE format('GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA %s TO %I', s, p_role);
+    EXECUTE format('ALTER DEFAULT PRIVILEGES IN SCHEMA %s GRANT USAGE, SELECT, UPDATE ON SEQUENCES TO %I',
+                   s, p_role);
+    EXECUTE format('ALTER DEFAULT PRIVILEGES IN SCHEMA %s GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO %I',
+                   s, p_role);
 END $$;

@@ -170,3 +170,7 @@ SELECT a.pid, a.application_name, a.client_addr::text, a.backend_start
 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 AND l.objid = 0
   AND l.classid::bigint = (__SCHEMA__.lock_key('leader')::bigint & 4294967295)
+
+-- name: runtime_grant
+-- Grant a runtime role DML and EXECUTE (no DDL, no TRUNCATE) on this schema.
+SELECT __SCHEMA__.runtime_grant(%s::text)

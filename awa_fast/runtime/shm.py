@@ -190,8 +190,6 @@ _REC_ALL = Struct("<Q64sIIqQdd" + f"{len(COUNTERS)}Q" + f"{HIST_BUCKETS}Qd" * le
 _REC_LIFE = Struct("<IqQdd")  # state, pid, starts, last alive, state since (at +76)
 _ALIVE_COUNTS = Struct(f"<dd{len(COUNTERS)}Q")  # last alive, state since, counters (at +96)
 _F64 = Struct("<d")
-_U32 = Struct("<I")
-_I64 = Struct("<q")
 _U64 = Struct("<Q")
 
 HEADER_SIZE = 64
@@ -203,10 +201,7 @@ RECORD_SIZE = 896
 # offsets inside a claimer record
 _R_QUEUE = 8
 _R_STATE = 76
-_R_PID = 80
-_R_STARTS = 88
 _R_ALIVE = 96
-_R_STATE_SINCE = 104
 _R_COUNTS = 112
 _R_IN_FLIGHT = _R_COUNTS + 8 * COUNTERS.index("in_flight")
 _R_HIST = {"pickup": 208, "e2e": 536}
@@ -352,7 +347,7 @@ def _read_consistent(buf: memoryview, off: int, size: int) -> tuple[bytes, bool]
         data = bytes(buf[off : off + size])
         if not before & 1 and _SEQ.unpack_from(buf, off)[0] == before:
             return data, False
-        if attempt >= 4:
+        if attempt >= 3:
             os.sched_yield()
     return data, True
 

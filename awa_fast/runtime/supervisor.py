@@ -39,12 +39,20 @@ _SPEC_KEYS = {"stripes": (1, 64), "concurrency": (1, 4096), "batch": (1, 10000)}
 
 @dataclass(frozen=True, slots=True)
 class QueueSpec:
-    """How one queue is served: stripes (claimer processes), concurrency each, claim batch."""
+    """How one queue is served: stripes (claimer processes), concurrency each, claim batch.
+
+    ``batch`` is the most a claim takes and so the most jobs held locally
+    beyond the running ones; 0 means ``max(16, concurrency)``.
+    """
 
     name: str
     stripes: int = 1
     concurrency: int = 64
-    batch: int = 1024
+    batch: int = 0
+
+    @property
+    def claim_batch(self) -> int:
+        return self.batch or max(16, self.concurrency)
 
 
 def parse_queue_spec(text: str) -> QueueSpec:
@@ -139,7 +147,7 @@ class Supervisor:
         index = 0
         for q in cfg.queues:
             for stripe in range(q.stripes):
-                ccfg = ClaimerConfig(cfg.dsn, cfg.schema, q.name, stripe, q.stripes, q.concurrency, q.batch,
+                ccfg = ClaimerConfig(cfg.dsn, cfg.schema, q.name, stripe, q.stripes, q.concurrency, q.claim_batch,
                                      cfg.poll_interval, heartbeat_interval=cfg.heartbeat_interval,
                                      drain_timeout=cfg.drain_timeout)
                 self._children.append(_Child(f"claimer {q.name}#{stripe}", claimer_main,

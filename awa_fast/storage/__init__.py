@@ -404,6 +404,10 @@ class Storage:
             return None
         return {"pid": row[0], "application_name": row[1], "client_addr": row[2], "since": row[3]}
 
+    def runtime_grant(self, conn: psycopg.Connection, role: str) -> None:
+        """Grant ``role`` what enqueue, supervise and admin need (no DDL, no TRUNCATE)."""
+        conn.execute(self.q["runtime_grant"], (role,))
+
     def dead_tuples(self, conn: psycopg.Connection) -> int:
         """Dead tuples summed over the schema's tables (statistics may lag ~0.5 s)."""
         return self._scalar_int(conn, "dead_tuples", (self.schema,))
