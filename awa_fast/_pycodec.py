@@ -211,7 +211,7 @@ def _as_int(value: object, what: str, typ: str) -> int:
     if type(value) is not int:
         if not hasattr(type(value), "__index__"):
             raise _int_type_error(what, value)
-        value = _index(value)
+        value = _index(value)  # type: ignore[arg-type]
     lo, hi = _RANGES[typ]
     if not lo <= value <= hi:  # type: ignore[operator]
         raise _overflow(what, value, typ)  # type: ignore[arg-type]
@@ -265,7 +265,9 @@ def encode_ready_rows(
     if lane_id < 0:
         raise ValueError(f"lane_id={lane_id} must be >= 0")
     if lane_id >= _LANE_ID_LIMIT:
-        raise OverflowError(f"lane_id={lane_id} does not fit job_id = lane_id << 40 | lane_seq (lane_id < 2**23)")
+        raise OverflowError(
+            f"lane_id={lane_id} does not fit job_id = lane_id << 40 | lane_seq (lane_id < 2**23)"
+        )
     first_seq = _as_int(first_seq, "first_seq", "int8")
     if first_seq < 0:
         raise ValueError(f"first_seq={first_seq} must be >= 0")
@@ -329,7 +331,7 @@ _CLOSURE_ROW = struct.Struct(">hihiqiqiiih")
 
 def _raise_row_error(i: int, names: tuple[str, ...], types: tuple[str, ...], values: tuple[Any, ...]) -> None:
     """Cold path after struct.error: raise the typed error the C module raises."""
-    for name, typ, value in zip(names, types, values):
+    for name, typ, value in zip(names, types, values, strict=False):  # the int columns only
         _as_int(value, f"snapshots[{i}].{name}", typ)
 
 

@@ -174,3 +174,10 @@ WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 AND l.objid = 0
 -- name: runtime_grant
 -- Grant a runtime role DML and EXECUTE (no DDL, no TRUNCATE) on this schema.
 SELECT __SCHEMA__.runtime_grant(%s::text)
+
+-- name: queue_terminal_counts
+-- Completed/failed/cancelled per queue: live done_entries plus the rollups prune folded in.
+SELECT queue, state, sum(n)::bigint FROM (
+    SELECT queue, state, count(*) AS n FROM __SCHEMA__.done_entries GROUP BY 1, 2
+    UNION ALL SELECT queue, state, count FROM __SCHEMA__.queue_terminal_rollups) t
+GROUP BY 1, 2

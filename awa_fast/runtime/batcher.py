@@ -75,7 +75,6 @@ class CompletionBatcher:
         self._thread = threading.Thread(target=self._run, name="awa-batcher", daemon=True)
         self._conn: psycopg.Connection | None = None
         self.flushes = 0
-        self.pending = 0
 
     # -- producer side (claimer and handler threads) ----------------------------
 
@@ -89,8 +88,11 @@ class CompletionBatcher:
 
     def submit(self, job: Job, outcome: Outcome) -> None:
         """Queue one attempt's outcome for the next flush."""
-        self.pending += 1
-        self._q.put((job, outcome))
+        self._q.put([(job, outcome)])
+
+    def submit_many(self, outcomes: list[tuple[Job, Outcome]]) -> None:
+        """Queue several attempts' outcomes (one hand-off) for the next flush."""
+        self._q.put(outcomes)
 
     def start(self) -> None:
         self._thread.start()
@@ -111,11 +113,11 @@ class CompletionBatcher:
             while True:
                 if item is _STOP:
                     stopping = True
-                elif isinstance(item, tuple) and item and item[0] == "receipts":
+                elif isinstance(item, tuple):  # ("receipts", {claim_id: n})
                     for cid, n in item[1].items():
                         self._remaining[cid] = self._remaining.get(cid, 0) + n
                 else:
-                    batch.append(item)  # type: ignore[arg-type]
+                    batch.extend(item)  # type: ignore[arg-type]
                 if len(batch) >= self.config.flush_max:
                     break
                 try:
@@ -173,7 +175,6 @@ class CompletionBatcher:
                 self._remaining.pop(cid, None)
             else:
                 self._remaining[cid] = left
-        self.pending -= len(batch)
         self._on_flushed(FlushReport(batch, {(j.id, j.run_lease) for j, _ in batch}, 0.0, time.time()))
 
     def _flush(self, batch: list[tuple[Job, Outcome]]) -> None:
@@ -216,5 +217,4 @@ class CompletionBatcher:
             else:
                 self._remaining[cid] = left
         self.flushes += 1
-        self.pending -= len(batch)
         self._on_flushed(FlushReport(batch, stale, time.perf_counter() - t0, committed))

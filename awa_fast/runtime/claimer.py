@@ -90,9 +90,9 @@ class Claimer:
         self._stopping = threading.Event()
         self._wake = threading.Event()
         self._work: queue.SimpleQueue[list[Job] | None] = queue.SimpleQueue()
-        self._buffered = 0  # claimed, not yet started
-        self._running = 0
+        self._outstanding = 0  # claimed and not yet finished (buffered + running)
         self._count_lock = threading.Lock()
+        self._avg_handler_s: float | None = None  # EWMA of sync handler time, sizes dispatch chunks
         self._threads: list[threading.Thread] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
@@ -161,8 +161,8 @@ class Claimer:
         target = cfg.concurrency + cfg.claim_batch
         while not self._stopping.is_set():
             self._wake.clear()
-            free = target - (self._buffered + self._running)
-            if free >= min(cfg.claim_batch, 32) or (free > 0 and self._buffered == 0):
+            free = target - self._outstanding
+            if free >= min(cfg.claim_batch, 32) or (free > 0 and self._outstanding < cfg.concurrency):
                 try:
                     snaps = self.storage.lane_claim(self._claim_connection(), cfg.queue,
                                                     min(free, cfg.claim_batch), cfg.stripe, cfg.stripes)
@@ -205,16 +205,30 @@ class Claimer:
         n = len(jobs)
         self.stats["claimed"] += n
         with self._count_lock:
-            self._buffered += n
-        sync_jobs = [j for j in jobs if not self._is_async(j)]
-        async_jobs = [j for j in jobs if self._is_async(j)]
+            self._outstanding += n
+        if self._loop is None:
+            sync_jobs, async_jobs = jobs, []
+        else:
+            sync_jobs = [j for j in jobs if not self._is_async(j)]
+            async_jobs = [j for j in jobs if self._is_async(j)]
         if sync_jobs:
-            workers = max(1, len(self._threads))
-            chunk = max(1, -(-len(sync_jobs) // workers))
-            for i in range(0, len(sync_jobs), chunk):
-                self._work.put(sync_jobs[i:i + chunk])
+            per = self._chunk_size(len(sync_jobs))
+            for i in range(0, len(sync_jobs), per):
+                self._work.put(sync_jobs[i:i + per])
         if async_jobs and self._loop is not None:
             self._loop.call_soon_threadsafe(self._spawn_async, async_jobs)
+
+    def _chunk_size(self, n: int) -> int:
+        """Jobs per worker hand-off: spread over all workers, but ~2 ms of work at least.
+
+        Slow handlers get one job per worker (full concurrency); tiny ones run
+        in large chunks so threads are not woken per job.
+        """
+        spread = -(-n // max(1, len(self._threads)))
+        avg = self._avg_handler_s
+        if avg is None:
+            return spread
+        return max(spread, min(n, int(0.002 / max(avg, 1e-7))))
 
     def _is_async(self, job: Job) -> bool:
         spec = self.registry.get(job.kind)
@@ -223,16 +237,19 @@ class Claimer:
     # -- handler execution --------------------------------------------------------------
 
     def _worker(self) -> None:
+        perf = time.perf_counter
         while True:
             chunk = self._work.get()
             if chunk is None:
                 return
+            done: list[tuple[Job, Outcome | object]] = []
+            t0 = perf()
             for job in chunk:
-                with self._count_lock:
-                    self._buffered -= 1
-                    self._running += 1
-                outcome = self._run_sync(job)
-                self._finish(job, outcome)
+                done.append((job, self._run_sync(job)))
+            per_job = (perf() - t0) / len(chunk)
+            avg = self._avg_handler_s
+            self._avg_handler_s = per_job if avg is None else 0.8 * avg + 0.2 * per_job
+            self._finish(done)
 
     def _run_sync(self, job: Job) -> Outcome:
         spec = self.registry.get(job.kind)
@@ -252,9 +269,6 @@ class Claimer:
             asyncio.ensure_future(self._run_async(job))
 
     async def _run_async(self, job: Job) -> None:
-        with self._count_lock:
-            self._buffered -= 1
-            self._running += 1
         spec = self.registry[job.kind]
         job.started_at = time.time()
         try:
@@ -265,7 +279,7 @@ class Claimer:
             outcome = (CLOSE_RETRY, None, error_text(exc))
         else:
             outcome = self._outcome(job, result)
-        self._finish(job, outcome)
+        self._finish([(job, outcome)])
 
     def _outcome(self, job: Job, result: object) -> Outcome:
         if result is None:
@@ -286,17 +300,18 @@ class Claimer:
         return (CLOSE_RETRY, None, error_text(f"handler returned an unsupported value of type "
                                               f"{type(result).__name__}; return None or an outcome"))
 
-    def _finish(self, job: Job, outcome: Outcome | object) -> None:
+    def _finish(self, done: list[tuple[Job, Outcome | object]]) -> None:
+        """Hand finished attempts to the batcher and free their local capacity."""
+        for i, (job, outcome) in enumerate(done):
+            if outcome is _PARKED:
+                key = (job.id, job.run_lease)
+                self.held.pop(key, None)
+                self.claimed_at.pop(key, None)
+                done[i] = (job, RELEASE)
+        self.batcher.submit_many(done)  # type: ignore[arg-type]
         with self._count_lock:
-            self._running -= 1
-        if outcome is _PARKED:
-            key = (job.id, job.run_lease)
-            self.held.pop(key, None)
-            self.claimed_at.pop(key, None)
-            self.batcher.submit(job, RELEASE)
-        else:
-            self.batcher.submit(job, outcome)  # type: ignore[arg-type]
-        if self._buffered < self.config.concurrency and not self._wake.is_set():
+            self._outstanding -= len(done)
+        if not self._wake.is_set() and self._outstanding <= self.config.concurrency:
             self._wake.set()
 
     # -- the runtime interface used by Job -------------------------------------------
@@ -366,7 +381,7 @@ class Claimer:
         if self._e2e:
             e2e, self._e2e = self._e2e, []
             self.shm.observe_latency("e2e", e2e)
-        self.shm.set_in_flight(self._running + self._buffered)
+        self.shm.set_in_flight(self._outstanding)
         self.shm.heartbeat()
 
     # -- LISTEN/NOTIFY -------------------------------------------------------------------
@@ -414,11 +429,10 @@ class Claimer:
                 break
             if chunk is None:
                 continue
-            for job in chunk:
-                with self._count_lock:
-                    self._buffered -= 1
-                self.batcher.submit(job, (CLOSE_SNOOZE, 0.0, None))
-                handed_back += 1
+            self.batcher.submit_many([(job, (CLOSE_SNOOZE, 0.0, None)) for job in chunk])
+            with self._count_lock:
+                self._outstanding -= len(chunk)
+            handed_back += len(chunk)
         for _ in self._threads:
             self._work.put(None)
         deadline = time.monotonic() + cfg.drain_timeout
@@ -426,9 +440,9 @@ class Claimer:
             t.join(max(0.0, deadline - time.monotonic()))
         clean = not any(t.is_alive() for t in self._threads)
         if self._loop is not None:
-            while self._running > 0 and time.monotonic() < deadline:
+            while self._outstanding > 0 and time.monotonic() < deadline:
                 time.sleep(0.01)
-            clean = clean and self._running == 0
+            clean = clean and self._outstanding == 0
             self._loop.call_soon_threadsafe(self._loop.stop)
         flushed = self.batcher.stop(max(1.0, deadline - time.monotonic()))
         self.heartbeat.stop()

@@ -88,6 +88,10 @@ class Maintenance:
         if row and row[0]:
             self._leader = True
             self.leader_since = time.time()
+            # A new leader rotates only after a full interval of its own.
+            now = time.monotonic()
+            for ring in RINGS:
+                self._last[f"rotate:{ring}"] = now
             self.counters["elections_won"] += 1
             log.info("maintenance leader elected (pid %d on %s)", os.getpid(), socket.gethostname(),
                      extra={"action": "leader_elected"})

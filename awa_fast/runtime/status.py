@@ -74,3 +74,21 @@ def format_status(data: dict[str, Any]) -> str:
                          f"claimed {c.get('claimed')} completed {c.get('completed')} stale {c.get('stale')} "
                          f"in flight {c.get('in_flight')}")
     return "\n".join(lines)
+
+
+def latency_summary(snapshot: dict[str, Any]) -> dict[str, dict[str, float | None]]:
+    """Pickup and end-to-end percentiles (ms) over every claimer of a shared-memory snapshot."""
+    from awa_fast.runtime.shm import histogram_percentiles
+
+    out: dict[str, dict[str, float | None]] = {}
+    for which in ("pickup", "e2e"):
+        total: list[int] = []
+        for c in snapshot.get("claimers", []):
+            buckets = c.get(which, {}).get("buckets", [])
+            if not total:
+                total = [0] * len(buckets)
+            for i, n in enumerate(buckets):
+                total[i] += n
+        pct = histogram_percentiles(total) if total and sum(total) else {}
+        out[which] = {k: (round(v * 1000, 3) if v is not None else None) for k, v in pct.items()}
+    return out

@@ -347,6 +347,14 @@ class Storage:
             out.setdefault(queue, {})[state] = int(count)
         return out
 
+    def queue_terminal_counts(self, conn: psycopg.Connection) -> dict[str, dict[str, int]]:
+        """Completed, failed and cancelled per queue (live history plus pruned rollups); no ring scan."""
+        names = {1: "completed", 2: "failed", 3: "cancelled"}
+        out: dict[str, dict[str, int]] = {}
+        for queue, state, count in conn.execute(self.q["queue_terminal_counts"]).fetchall():
+            out.setdefault(queue, {})[names[int(state)]] = int(count)
+        return out
+
     def queue_ensure(self, conn: psycopg.Connection, queue: str) -> None:
         """Register a queue (idempotent)."""
         conn.execute(self.q["queue_ensure"], (queue,))

@@ -1,0 +1,414 @@
+"""The shared-memory ring: layout, seqlock across processes, histograms, locator."""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing
+import os
+import pathlib
+import struct
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from multiprocessing import shared_memory
+
+import pytest
+
+from awa_fast.errors import InvalidName
+from awa_fast.runtime import shm
+from awa_fast.runtime.shm import (
+    ClaimerRecord,
+    ShmError,
+    ShmLayoutError,
+    ShmNotFound,
+    ShmRing,
+    bucket_bounds,
+    bucket_index,
+    histogram_percentiles,
+    prune_outcome_counts,
+    read_locator,
+    remove_locator,
+    write_locator,
+)
+
+FORK = multiprocessing.get_context("fork")
+DEV_SHM = pathlib.Path("/dev/shm")
+WRITES = 10_000
+
+
+@pytest.fixture
+def ring() -> Iterator[ShmRing]:
+    r = ShmRing.create(None, [("email", 0), ("email", 1), ("reports", 0)])
+    try:
+        yield r
+    finally:
+        r.close()
+        r.unlink()
+
+
+# -- processes (module level: children get only the segment name) ----------------
+def _child_publish(name: str, index: int) -> None:
+    ring = ShmRing.attach(name)
+    rec = ring.claimer(index)
+    rec.set_state("starting")
+    rec.add(claimed=3, completed=2, failed=1, batches=1, claim_calls=4, empty_claims=1)
+    rec.observe_latency("pickup", [0.001, 0.002])
+    rec.set_in_flight(5)
+    rec.set_state("running")
+    ring.publish_rings({"claim": {"current_slot": 2, "generation": 9}}, os.getpid())
+    ring.close()
+
+
+def _child_hammer(name: str, index: int, n: int) -> None:
+    ring = ShmRing.attach(name)
+    rec = ring.claimer(index)
+    rec.set_state("running")
+    for i in range(n):
+        rec.add(claimed=1, completed=1, retried=1, batches=1)
+        if i % 100 == 0:
+            rec.observe_latency("e2e", [0.01] * 10)
+    ring.close()
+
+
+# -- layout ----------------------------------------------------------------------
+def test_layout_sizes() -> None:
+    assert shm.segment_size(8) == 384 + 8 * 896 == 7552
+    assert shm.RECORD_SIZE % 64 == 0
+
+
+def test_create_initialises_header_and_records(ring: ShmRing) -> None:
+    assert (DEV_SHM / ring.name).exists()
+    h = ring.header()
+    assert h["layout_version"] == 1 and h["claimers"] == 3 and h["supervisor_pid"] == os.getpid()
+    assert h["segment_size"] == shm.segment_size(3)
+    r = ring.claimer(1).read()
+    assert (r["queue"], r["stripe"], r["state"], r["pid"], r["starts"]) == ("email", 1, "stopped", 0, 0)
+    assert r["torn"] is False and r["claimed"] == 0 and r["pickup"]["p50"] is None
+    rings = ring.read_rings()
+    assert rings.torn is False and rings.leader_pid == 0 and rings.rings["ready"].current_slot == -1
+    with pytest.raises(IndexError):
+        ring.claimer(3)
+
+
+def test_attach_in_another_process_publishes(ring: ShmRing) -> None:
+    p = FORK.Process(target=_child_publish, args=(ring.name, 2))
+    p.start()
+    p.join(10)
+    assert p.exitcode == 0
+    r = ring.claimer(2).read()
+    assert r["state"] == "running" and r["pid"] == p.pid and r["starts"] == 1
+    assert (r["claimed"], r["completed"], r["failed"], r["batches_flushed"]) == (3, 2, 1, 1)
+    assert (r["claim_calls"], r["empty_claims"], r["in_flight"]) == (4, 1, 5)
+    assert r["pickup"]["count"] == 2 and r["pickup"]["sum"] == pytest.approx(0.003)
+    assert r["last_alive"] >= r["state_since"] > 0
+    snap = ring.read_rings()
+    assert snap.leader_pid == p.pid and snap.rings["claim"].generation == 9 and snap.rings["claim"].current_slot == 2
+    assert ring.claimer(0).read()["claimed"] == 0  # neighbours untouched
+
+
+def test_two_writers_and_a_reader_add_up_exactly(ring: ShmRing) -> None:
+    writers = [FORK.Process(target=_child_hammer, args=(ring.name, i, WRITES)) for i in (0, 1)]
+    for w in writers:
+        w.start()
+    recs = [ring.claimer(0), ring.claimer(1)]
+    last = [0, 0]
+    last_e2e = [0, 0]
+    reads = torn = 0
+    while any(w.is_alive() for w in writers) or reads < 50:
+        for i, rec in enumerate(recs):
+            r = rec.read()
+            reads += 1
+            if r["torn"]:
+                torn += 1
+                continue
+            # one add() is one seqlock write: a consistent read never sees it half done
+            assert r["claimed"] == r["completed"] == r["retried"] == r["batches_flushed"]
+            assert r["claimed"] >= last[i], "a counter went backwards"
+            assert r["e2e"]["count"] >= last_e2e[i]
+            last[i], last_e2e[i] = r["claimed"], r["e2e"]["count"]
+    for w in writers:
+        w.join(10)
+        assert w.exitcode == 0
+    for rec in recs:
+        r = rec.read()
+        assert r["torn"] is False
+        assert r["claimed"] == r["completed"] == r["retried"] == WRITES
+        assert r["e2e"]["count"] == 10 * (WRITES // 100)
+    # back-to-back writers on 2 busy CPUs tear a few % of reads; what matters is
+    # that torn reads are flagged and every unflagged one was consistent
+    assert reads - torn >= 50, f"{torn} of {reads} reads torn"
+
+
+def test_dead_writer_mid_write_reads_as_torn_until_next_write(ring: ShmRing) -> None:
+    rec = ring.claimer(0)
+    rec.add(claimed=7)
+    buf = ring._buffer()
+    off = shm.CLAIMERS_OFFSET
+    seq = shm._SEQ.unpack_from(buf, off)[0]
+    shm._SEQ.pack_into(buf, off, seq + 1)  # a writer died between its two version writes
+    r = rec.read()
+    assert r["torn"] is True and r["claimed"] == 7
+    rec.add(claimed=1)
+    r = rec.read()
+    assert r["torn"] is False and r["claimed"] == 8
+    assert shm._SEQ.unpack_from(buf, off)[0] % 2 == 0
+
+
+def test_claimer_record_validation(ring: ShmRing) -> None:
+    rec = ring.claimer(0)
+    assert isinstance(rec, ClaimerRecord) and ring.claimer(0) is rec
+    with pytest.raises(ValueError, match="state"):
+        rec.set_state("sleeping")
+    with pytest.raises(ValueError, match="histogram"):
+        rec.observe_latency("queue", [1.0])
+    rec.set_state("starting", pid=4242)
+    rec.set_state("starting", pid=4243)
+    rec.set_state("draining")
+    r = rec.read()
+    assert (r["state"], r["pid"], r["starts"]) == ("draining", 4243, 2)
+    rec.set_in_flight(-3)
+    assert rec.read()["in_flight"] == 0
+
+
+def test_long_queue_name_is_truncated_with_a_hash() -> None:
+    long = "q" * 100
+    r = ShmRing.create(None, [(long, 0), ("é" * 40, 1)])
+    try:
+        a, b = r.claimer(0).read()["queue"], r.claimer(1).read()["queue"]
+        assert len(a.encode()) <= 64 and a.startswith("q" * 50) and a[-9] == "~"
+        assert len(b.encode()) <= 64 and b.startswith("é" * 27)  # never splits a character
+    finally:
+        r.close()
+        r.unlink()
+
+
+def test_publish_rings_keeps_unspecified_fields(ring: ShmRing) -> None:
+    ring.publish_rings(
+        {"ready": {"current_slot": 3, "generation": 12, "slot_count": 16, "last_rotate": 100.5}},
+        111,
+        leader_host="host-a",
+        leader_since=50.0,
+        tick=101.0,
+    )
+    outcomes = prune_outcome_counts(["pruned", "empty", "open_claims", "cursor_behind", "busy", "current"])
+    assert outcomes == {"prune_pruned": 1, "prune_empty": 1, "prune_busy": 1, "prune_blocked": 2, "prune_current": 1}
+    ring.publish_rings({"ready": {**outcomes, "last_prune": 102.0}}, 111, leader_host="h" * 40, role="standby")
+    s = ring.read_rings()
+    ready = s.rings["ready"]
+    assert (ready.current_slot, ready.generation, ready.slot_count, ready.last_rotate) == (3, 12, 16, 100.5)
+    assert (ready.prune_blocked, ready.last_prune) == (2, 102.0)
+    assert s.leader_since == 50.0 and s.role == "standby" and len(s.leader_host.encode()) <= 32
+    assert s.leader_host_hash == shm._host_hash("h" * 40) != shm._host_hash("host-a")
+    with pytest.raises(ValueError, match="ring"):
+        ring.publish_rings({"done": {}}, 1)
+    with pytest.raises(ValueError, match="fields"):
+        ring.publish_rings({"ready": {"slot": 1}}, 1)
+
+
+def test_snapshot_is_json(ring: ShmRing) -> None:
+    ring.claimer(0).observe_latency("e2e", [0.005] * 4)
+    snap = json.loads(json.dumps(ring.snapshot()))
+    assert snap["name"] == ring.name and snap["supervisor_alive"] is True
+    assert len(snap["claimers"]) == 3 and len(snap["histogram_bounds"]) == 39
+    assert snap["claimers"][0]["e2e"]["count"] == 4 and snap["maintenance"]["torn"] is False
+
+
+# -- histograms ----------------------------------------------------------------------
+def test_bucket_bounds_are_log_spaced_50us_to_60s() -> None:
+    edges = bucket_bounds()
+    assert len(edges) == 39 and edges == shm._EDGES
+    assert edges[0] == pytest.approx(50e-6) and edges[-1] == pytest.approx(60.0)
+    ratios = {round(b / a, 9) for a, b in zip(edges, edges[1:])}
+    assert len(ratios) == 1 and 1.44 < ratios.pop() < 1.45
+
+
+def test_bucket_index_edges() -> None:
+    edges = bucket_bounds()
+    assert bucket_index(0.0) == bucket_index(-1.0) == bucket_index(math.nan) == 0
+    assert bucket_index(50e-6) == 0 and bucket_index(51e-6) == 1
+    assert bucket_index(edges[10]) == 10 and bucket_index(edges[10] * 1.0001) == 11
+    assert bucket_index(60.0) == 38 and bucket_index(61.0) == 39 == bucket_index(math.inf)
+
+
+def test_percentiles_on_known_data() -> None:
+    edges = bucket_bounds()
+    counts = [0] * 40
+    counts[10] = 100  # all in (edges[9], edges[10]]
+    p = histogram_percentiles(counts)
+    assert p["p50"] == pytest.approx(edges[9] + 0.5 * (edges[10] - edges[9]))
+    assert p["p99"] == pytest.approx(edges[9] + 0.99 * (edges[10] - edges[9]))
+    counts = [0] * 40
+    counts[0], counts[20] = 90, 10
+    p = histogram_percentiles(counts, qs=(0.5, 0.9, 0.95, 0.999))
+    assert p["p50"] == pytest.approx(50e-6 * 50 / 90)
+    assert p["p90"] == pytest.approx(50e-6)
+    assert p["p95"] == pytest.approx(edges[19] + 0.5 * (edges[20] - edges[19]))
+    assert edges[19] < p["p99.9"] <= edges[20]
+    over = [0] * 40
+    over[39] = 3
+    assert histogram_percentiles(over) == {"p50": 60.0, "p95": 60.0, "p99": 60.0}
+    assert histogram_percentiles([0] * 40) == {"p50": None, "p95": None, "p99": None}
+    with pytest.raises(ValueError):
+        histogram_percentiles([1, 2, 3])
+
+
+def test_observe_latency_fills_buckets(ring: ShmRing) -> None:
+    rec = ring.claimer(0)
+    samples = [0.0002] * 50 + [0.02] * 45 + [2.0] * 4 + [120.0, -0.1, math.nan]
+    rec.observe_latency("pickup", samples)
+    rec.observe_latency("pickup", [])
+    h = rec.read()["pickup"]
+    assert h["count"] == len(samples)
+    assert h["sum"] == pytest.approx(0.0002 * 50 + 0.02 * 45 + 8.0 + 120.0)
+    assert h["buckets"][bucket_index(0.0002)] == 50 and h["buckets"][bucket_index(0.02)] == 45
+    assert h["buckets"][39] == 1 and h["buckets"][0] == 2
+    assert bucket_bounds()[bucket_index(0.0002) - 1] < h["p50"] <= bucket_bounds()[bucket_index(0.0002)]
+    assert rec.read()["e2e"]["count"] == 0
+
+
+# -- attach errors, close, unlink --------------------------------------------------------
+def _raw_segment(data: bytes) -> shared_memory.SharedMemory:
+    seg = shared_memory.SharedMemory(create=True, size=len(data))
+    seg.buf[: len(data)] = data
+    return seg
+
+
+def test_attach_missing_segment() -> None:
+    with pytest.raises(ShmNotFound, match="no shared-memory segment"):
+        ShmRing.attach("awa_fast_test_missing_segment")
+    with pytest.raises(ShmLayoutError, match="name"):
+        ShmRing.attach("../etc/passwd")
+
+
+@pytest.mark.parametrize(
+    ("mutate", "match"),
+    [
+        (lambda b: b.__setitem__(slice(0, 8), b"GARBAGE!"), "magic"),
+        (lambda b: struct.pack_into("<I", b, 8, 99), "layout version 99"),
+        (lambda b: struct.pack_into("<I", b, 24, 512), "section sizes"),
+        (lambda b: struct.pack_into("<I", b, 12, 9), "do not agree"),
+    ],
+)
+def test_attach_rejects_a_foreign_segment(ring: ShmRing, mutate, match) -> None:  # type: ignore[no-untyped-def]
+    data = bytearray(ring._buffer()[: shm.segment_size(3)])
+    mutate(data)
+    seg = _raw_segment(bytes(data))
+    try:
+        with pytest.raises(ShmLayoutError, match=match):
+            ShmRing.attach(seg.name)
+    finally:
+        seg.close()
+        seg.unlink()
+
+
+def test_attach_rejects_short_and_truncated_segments(ring: ShmRing) -> None:
+    for data in (b"AWAFSHM1", bytes(ring._buffer()[:500])):
+        seg = _raw_segment(data)
+        try:
+            with pytest.raises(ShmLayoutError, match="bytes"):
+                ShmRing.attach(seg.name)
+        finally:
+            seg.close()
+            seg.unlink()
+
+
+def test_unlink_removes_the_segment_and_closed_rings_refuse_work() -> None:
+    r = ShmRing.create(None, [("q", 0)])
+    path = DEV_SHM / r.name
+    other = ShmRing.attach(r.name)
+    rec = r.claimer(0)
+    r.close()
+    r.close()
+    with pytest.raises(ShmError, match="closed"):
+        rec.add(claimed=1)
+    with pytest.raises(ShmError, match="closed"):
+        r.snapshot()
+    assert path.exists()
+    other.claimer(0).add(claimed=1)  # the other mapping still works
+    r.unlink()
+    assert not path.exists()
+    r.unlink()  # idempotent
+    assert other.claimer(0).read()["claimed"] == 1  # mapped memory outlives the name
+    other.close()
+    with pytest.raises(ShmNotFound):
+        ShmRing.attach(r.name)
+    dup_name = f"awa_fast_test_dup_{os.getpid()}"
+    with pytest.raises(ShmError, match="exists"):
+        with ShmRing.create(dup_name, []) as dup:
+            try:
+                ShmRing.create(dup_name, [])
+            finally:
+                dup.unlink()
+
+
+_TRACKER_SCRIPT = textwrap.dedent(
+    """
+    import subprocess, sys
+    import multiprocess  # what the supervisor forks with
+    from awa_fast.runtime.shm import ShmRing
+
+    def child(name):
+        ring = ShmRing.attach(name)
+        ring.claimer(0).add(claimed=1)
+        ring.close()
+
+    if __name__ == "__main__":
+        ring = ShmRing.create(None, [("q", 0)])
+        # a forked child shares this process's resource tracker
+        p = multiprocess.get_context("fork").Process(target=child, args=(ring.name,))
+        p.start(); p.join()
+        assert p.exitcode == 0
+        # an unrelated process (own tracker), like `awa-fast status`
+        subprocess.run([sys.executable, "-c", f"from awa_fast.runtime.shm import ShmRing; "
+                        f"r = ShmRing.attach({ring.name!r}); r.snapshot(); r.close()"], check=True)
+        again = ShmRing.attach(ring.name)  # still there after every attacher exited
+        assert again.claimer(0).read()["claimed"] == 1
+        again.close()
+        ring.close()
+        ring.unlink()
+        print("ok")
+    """
+)
+
+
+def test_attachers_never_unlink_and_never_confuse_the_resource_tracker(tmp_path: pathlib.Path) -> None:
+    """bpo-39959: attaching must not register the segment with a resource tracker."""
+    script = tmp_path / "tracker.py"
+    script.write_text(_TRACKER_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(pathlib.Path(shm.__file__).parents[2])}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+    # a shared tracker told to unregister a name it lost prints a KeyError; a leak warns
+    assert "KeyError" not in out.stderr and "leaked" not in out.stderr, out.stderr
+
+
+# -- locator ---------------------------------------------------------------------
+def test_locator_round_trip(tmp_path: pathlib.Path) -> None:
+    assert read_locator(tmp_path, "awa_fast") is None
+    path = write_locator(tmp_path, "awa_fast", "awa_fast_seg", os.getpid())
+    assert path == tmp_path / "run" / "awa_fast.json"
+    assert json.loads(path.read_text()) == {"shm": "awa_fast_seg", "pid": os.getpid()}
+    assert read_locator(tmp_path, "awa_fast") == ("awa_fast_seg", os.getpid())
+    assert read_locator(tmp_path, "other") is None
+    assert remove_locator(tmp_path, "awa_fast", "someone_elses") is False
+    assert path.exists()
+    assert remove_locator(tmp_path, "awa_fast", "awa_fast_seg") is True
+    assert not path.exists() and remove_locator(tmp_path, "awa_fast") is False
+    with pytest.raises(InvalidName):
+        write_locator(tmp_path, "../x", "n", 1)
+
+
+def test_locator_of_a_dead_supervisor_or_garbage_is_none(tmp_path: pathlib.Path) -> None:
+    p = FORK.Process(target=os._exit, args=(0,))
+    p.start()
+    p.join(10)
+    assert p.pid is not None
+    write_locator(tmp_path, "awa_fast", "awa_fast_seg", p.pid)
+    assert read_locator(tmp_path, "awa_fast") is None
+    (tmp_path / "run" / "awa_fast.json").write_text("{not json")
+    assert read_locator(tmp_path, "awa_fast") is None
+    (tmp_path / "run" / "awa_fast.json").write_text('{"shm": 5, "pid": 1}')
+    assert read_locator(tmp_path, "awa_fast") is None
