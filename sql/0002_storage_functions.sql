@@ -752,6 +752,8 @@ BEGIN
                           WHERE b.claim_slot = c.claim_slot AND b.claim_id = c.claim_id)
           AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closures x
                           WHERE x.claim_slot = c.claim_slot AND x.job_id = u.j AND x.run_lease = u.l)
+        -- receipt locks are taken in ascending claim_id, like every batch path
+        ORDER BY c.claim_id
         LIMIT p_limit
     LOOP
         BEGIN

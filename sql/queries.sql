@@ -181,3 +181,8 @@ SELECT queue, state, sum(n)::bigint FROM (
     SELECT queue, state, count(*) AS n FROM __SCHEMA__.done_entries GROUP BY 1, 2
     UNION ALL SELECT queue, state, count FROM __SCHEMA__.queue_terminal_rollups) t
 GROUP BY 1, 2
+
+-- name: receipt_lock
+-- Take the per-receipt advisory locks of a batch in ascending claim_id (the global lock order).
+SELECT count(pg_advisory_xact_lock(__SCHEMA__.lock_key('claim'), (x.cid % 2147483647)::int))
+FROM (SELECT DISTINCT cid FROM unnest(%s::bigint[]) AS cid ORDER BY cid) x

@@ -203,6 +203,9 @@ class CompletionBatcher:
         with_state = [s for s in completes if (s.job_id, s.run_lease) in self._stateful] if self._stateful else []
         stale: set[tuple[int, int]] = set()
         with conn.transaction():
+            if others:
+                # lock every receipt of the flush up front, ascending: one lock order
+                self.storage.receipt_lock(conn, [s.claim_id for s in completes] + [o[0].claim_id for o in others])
             if completes:
                 stale.update(self.storage.receipt_complete(conn, completes, whole, with_state))
             if others:

@@ -237,16 +237,25 @@ class Storage:
                                  ([s.job_id for s in keep], [s.run_lease for s in keep]))
         return sorted(stale_set)
 
+    def receipt_lock(self, conn: psycopg.Connection, claim_ids: Iterable[int]) -> None:
+        """Take the receipts' advisory locks in ascending order (within the current transaction).
+
+        Every path that writes about several attempts locks in this order, so
+        batches, rescue and heartbeats never deadlock on each other.
+        """
+        conn.execute(self.q["receipt_lock"], (sorted(set(claim_ids)),))
+
     def attempt_close(self, conn: psycopg.Connection, items: Sequence[tuple[ClaimSnapshot, int, float | None,
                       str | None]]) -> list[AttemptResult]:
         """Close attempts with explicit outcomes: ``(snapshot, outcome, delay_s, error)`` each.
 
-        Outcomes are the ``CLOSE_*`` codes. Returns one result per item, in
-        order; ``stale`` means the attempt was no longer live and nothing
+        Outcomes are the ``CLOSE_*`` codes. Returns one result per item
+        (ordered by receipt, the lock order); ``stale`` means the attempt was no longer live and nothing
         was written for it.
         """
         if not items:
             return []
+        items = sorted(items, key=lambda it: it[0].claim_id)  # lock order
         rows = conn.execute(self.q["attempt_close"], (
             [s.job_id for s, _, _, _ in items], [s.run_lease for s, _, _, _ in items],
             [s.claim_slot for s, _, _, _ in items], [s.claim_id for s, _, _, _ in items],
@@ -258,10 +267,14 @@ class Storage:
         """Heartbeat (and optionally record progress for) a batch of attempts."""
         if not snapshots:
             return []
+        if progress is None:
+            progress = [None] * len(snapshots)
+        order = sorted(range(len(snapshots)), key=lambda i: snapshots[i].claim_id)  # lock order
+        snapshots = [snapshots[i] for i in order]
+        progress = [progress[i] for i in order]
         rows = conn.execute(self.q["attempt_heartbeat"], (
             [s.job_id for s in snapshots], [s.run_lease for s in snapshots],
-            [s.claim_slot for s in snapshots], [s.claim_id for s in snapshots],
-            list(progress) if progress is not None else [None] * len(snapshots))).fetchall()
+            [s.claim_slot for s in snapshots], [s.claim_id for s in snapshots], list(progress))).fetchall()
         return [AttemptResult(int(j), int(l), st) for j, l, st in rows]
 
     def attempt_register_callback(self, conn: psycopg.Connection, snapshot: ClaimSnapshot,
