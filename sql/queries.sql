@@ -186,3 +186,7 @@ GROUP BY 1, 2
 -- Take the per-receipt advisory locks of a batch in ascending claim_id (the global lock order).
 SELECT count(pg_advisory_xact_lock(__SCHEMA__.lock_key('claim'), (x.cid % 2147483647)::int))
 FROM (SELECT DISTINCT cid FROM unnest(%s::bigint[]) AS cid ORDER BY cid) x
+
+-- name: ring_slot_empty
+-- Does a ring slot hold no live rows? (maintenance skips rotating an empty current slot)
+SELECT __SCHEMA__.ring_slot_empty(%s::text, %s::int)

@@ -134,8 +134,16 @@ class Maintenance:
         return n + m
 
     def rotate_once(self, ring: str) -> int | None:
-        """Rotate one ring if its next slot is free; the new slot or None."""
-        slot = self.storage.ring_rotate(self._lead_conn(), ring)
+        """Rotate one ring if its current slot holds rows and its next slot is free.
+
+        Returns the new slot, or None. An empty current slot is not sealed:
+        rotating it would only grow the ledger.
+        """
+        conn = self._lead_conn()
+        current = int(self.storage.ring_state(conn)[ring]["slot"])
+        if self.storage.ring_slot_empty(conn, ring, current):
+            return None
+        slot = self.storage.ring_rotate(conn, ring)
         if slot is not None:
             self.counters["rotated"] += 1
             self.last_rotate_at[ring] = time.time()

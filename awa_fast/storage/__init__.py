@@ -320,6 +320,11 @@ class Storage:
         row = conn.execute(self.q["ring_rotate"], (ring,)).fetchone()
         return None if row is None or row[0] is None else int(row[0])
 
+    def ring_slot_empty(self, conn: psycopg.Connection, ring: str, slot: int) -> bool:
+        """True when the slot's children hold no live rows."""
+        row = conn.execute(self.q["ring_slot_empty"], (ring, slot)).fetchone()
+        return bool(row and row[0])
+
     def ring_prune(self, conn: psycopg.Connection, ring: str, slot: int, lock_timeout_ms: int = 50) -> str:
         """Prune one sealed slot by TRUNCATE behind its gates; returns the outcome word."""
         row = conn.execute(self.q["ring_prune"], (ring, slot, f"{int(lock_timeout_ms)}ms")).fetchone()
