@@ -314,19 +314,20 @@ def server_info(dsn: str) -> dict[str, Any]:
     """Server version, the settings that matter for these numbers, and the postmaster pid."""
     names = ("fsync", "synchronous_commit", "wal_level", "shared_buffers", "max_connections",
              "autovacuum", "autovacuum_naptime", "commit_delay", "full_page_writes", "wal_sync_method")
+    postmaster = None
     with _conn(dsn) as c:
         version = c.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
-        rows = c.execute("SELECT name, setting, unit FROM pg_settings WHERE name = ANY(%s)", (list(names),))
-        settings = {n: (f"{s}{u}" if u and u not in ("", None) and s.isdigit() else s) for n, s, u in rows}
-        backend = c.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
-    postmaster = None
-    try:
-        table = _proc_table()
-        ppid = table.get(int(backend), (None, 0))[0]
-        if ppid and pathlib.Path(f"/proc/{ppid}/comm").read_text().strip().startswith("postgres"):
-            postmaster = int(ppid)
-    except OSError:
-        pass
+        rows = c.execute("SELECT name, current_setting(name) FROM pg_settings WHERE name = ANY(%s) ORDER BY name",
+                         (list(names),))
+        settings = {n: v for n, v in rows}
+        backend = int(c.execute("SELECT pg_backend_pid()").fetchone()[0])  # type: ignore[index]
+        # while our backend lives: its parent is the postmaster (when the server is local)
+        try:
+            ppid = _proc_table().get(backend, (None, 0.0))[0]
+            if ppid and pathlib.Path(f"/proc/{ppid}/comm").read_text().strip().startswith("postgres"):
+                postmaster = int(ppid)
+        except OSError:
+            pass
     return {"version": version, "settings": settings, "postmaster_pid": postmaster}
 
 
@@ -471,13 +472,16 @@ class SupervisorProc:
 # -- producers ---------------------------------------------------------------------------
 
 
-def _insert_worker(dsn: str, schema: str, start_at: float, stop_at: float, out: Any, ready: Any) -> None:
-    """One concurrent-insert producer: App.enqueue, own autocommit connection, until stop_at."""
+def _insert_worker(dsn: str, schema: str, window: Any, out: Any, ready: Any) -> None:
+    """One concurrent-insert producer: App.enqueue, own autocommit connection, inside the window."""
     client = App(dsn=dsn, schema=schema)
     client.enqueue(KIND, {"warm": 1}, queue="bench-warmup")  # connect and warm outside the window
     ready.put(os.getpid())
+    while window[0] == 0.0:
+        time.sleep(0.002)
+    start_at, stop_at = window[0], window[1]
     while time.time() < start_at:
-        time.sleep(min(0.005, max(0.0, start_at - time.time())))
+        time.sleep(0.001)
     n = 0
     lat: list[float] = []
     enqueue = client.enqueue
@@ -486,7 +490,7 @@ def _insert_worker(dsn: str, schema: str, start_at: float, stop_at: float, out: 
         t0 = time.time()
         if t0 >= stop_at:
             break
-        enqueue(KIND, args)
+        enqueue(KIND, args, queue=QUEUE)
         t1 = time.time()
         if t1 <= stop_at:
             n += 1
@@ -510,7 +514,7 @@ def steady_producer(client: App, rate: float, seconds: float, sent: list[tuple[i
         now = time.time()
         if due > now:
             time.sleep(due - now)
-        jid = enqueue(KIND, {"i": i})
+        jid = enqueue(KIND, {"i": i}, queue=QUEUE)
         sent.append((jid, time.time()))
         i += 1
         if progress is not None:
@@ -522,18 +526,24 @@ def steady_producer(client: App, rate: float, seconds: float, sent: list[tuple[i
 
 
 def _wait_done(sup: SupervisorProc, target: int, timeout: float, progress: Progress | None = None,
-               poll: float = 0.005) -> int:
+               poll: float = 0.005, stall: float = 30.0) -> int:
+    """Poll the shared-memory ``completed`` counters until ``target``; fail on a stall or timeout."""
     deadline = time.monotonic() + timeout
-    done = 0
+    done = last = 0
+    last_change = time.monotonic()
     while done < target:
         sup._check_alive()
         done = sup.counters()["completed"]
+        now = time.monotonic()
+        if done != last:
+            last, last_change = done, now
         if progress is not None:
             progress.update(done)
         if done >= target:
             break
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"only {done} of {target} jobs completed within {timeout:.0f}s")
+        if now > deadline or now - last_change > stall:
+            raise RuntimeError(f"only {done} of {target} jobs completed (no progress for "
+                               f"{now - last_change:.0f}s); see the supervisor's log above")
         time.sleep(poll)
     return done
 
@@ -543,7 +553,7 @@ def bench_drain(args: argparse.Namespace, dsn: str, schema: str, srv: dict[str, 
     client = App(dsn=dsn, schema=schema)
     bar = Progress("enqueue", n)
     t0 = time.perf_counter()
-    client.enqueue_many(KIND, ({"n": i} for i in range(n)), progress=bar.update, chunk=50_000)
+    client.enqueue_many(KIND, ({"n": i} for i in range(n)), queue=QUEUE, progress=bar.update, chunk=50_000)
     enqueue_s = time.perf_counter() - t0
     bar.close()
     client.close()
@@ -557,7 +567,10 @@ def bench_drain(args: argparse.Namespace, dsn: str, schema: str, srv: dict[str, 
         bar = Progress("drain", n)
         with _conn(dsn) as c:
             # first pickup: read min(claimed_at) as soon as the first receipt is committed
+            give_up = time.monotonic() + 60.0
             while True:
+                if time.monotonic() > give_up:
+                    raise RuntimeError("no job was claimed within 60 s of the supervisor start")
                 sup._check_alive()
                 if sup.counters()["claimed"] > 0:
                     cpu.start()
@@ -604,7 +617,7 @@ def bench_bulk_enqueue(args: argparse.Namespace, dsn: str, schema: str, srv: dic
     bar = Progress("enqueue", n)
     cpu.start()
     t0 = time.perf_counter()
-    client.enqueue_many(KIND, payloads, progress=bar.update, chunk=50_000)
+    client.enqueue_many(KIND, payloads, queue=QUEUE, progress=bar.update, chunk=50_000)
     seconds = time.perf_counter() - t0
     cpu_res = cpu.stop()
     bar.close()
@@ -622,18 +635,17 @@ def bench_concurrent_insert(args: argparse.Namespace, dsn: str, schema: str,
     seconds = float(args.seconds)
     ctx = multiprocessing.get_context("spawn")
     out, ready = ctx.Queue(), ctx.Queue()
-    # Producers get the window through their arguments: start them with a lead
-    # time long enough to spawn, connect and warm up (checked below).
-    lead = max(2.0, 0.4 * p)
-    start_at = time.time() + lead
-    stop_at = start_at + seconds
-    procs = [ctx.Process(target=_insert_worker, args=(dsn, schema, start_at, stop_at, out, ready), daemon=True)
+    window = ctx.Array("d", [0.0, 0.0])  # (start, stop), set once every producer is connected
+    procs = [ctx.Process(target=_insert_worker, args=(dsn, schema, window, out, ready), daemon=True)
              for _ in range(p)]
     for pr in procs:
         pr.start()
-    pids = [ready.get(timeout=60 + lead) for _ in procs]
-    late = time.time() > start_at
+    pids = [ready.get(timeout=300) for _ in procs]
     cpu = CpuMeter(srv["postmaster_pid"])
+    start_at = time.time() + 0.2
+    stop_at = start_at + seconds
+    window[1] = stop_at
+    window[0] = start_at
     while time.time() < start_at:
         time.sleep(0.001)
     cpu.start()
@@ -651,7 +663,7 @@ def bench_concurrent_insert(args: argparse.Namespace, dsn: str, schema: str,
     return {"jobs": total, "seconds": seconds, "jobs_per_s": round(total / seconds, 1),
             "enqueue_jobs_per_s": round(total / seconds, 1), "pickup_ms": None, "e2e_ms": None,
             "enqueue_ms": _ms(percentiles(lat)), "per_producer": [n for n, _ in results],
-            "producer_pids": pids, "producers_started_late": late, "cpu": cpu_res,
+            "producer_pids": pids, "cpu": cpu_res,
             "notes": "each producer: its own process and autocommit connection, App.enqueue one job per "
                      "transaction (durable commit each); no workers running"}
 
@@ -731,6 +743,13 @@ def _latency_run(args: argparse.Namespace, dsn: str, schema: str, srv: dict[str,
         sup.stop()
     tr = read_trace(trace)
     shutil.rmtree(trace_dir, ignore_errors=True)
+    # The peers' way, for a like-for-like comparison: the completion row's own
+    # timestamp (now() = start of the completing transaction) - enqueue ack.
+    with _conn(dsn) as c:
+        finished = dict(c.execute(render("SELECT job_id, extract(epoch FROM finished_at)::float8 "
+                                         "FROM __SCHEMA__.done_entries WHERE job_id = ANY(%s)", schema),
+                                  ([j for j, _ in sent],)).fetchall())
+    e2e_db = [finished[j] - ack for j, ack in sent if j in finished]
     pickup, e2e, missing = [], [], 0
     by_phase: dict[str, list[tuple[float, float, float]]] = {}
     for jid, ack in sent:
@@ -751,11 +770,13 @@ def _latency_run(args: argparse.Namespace, dsn: str, schema: str, srv: dict[str,
         "pickup_ms": _ms(percentiles(pickup)), "e2e_ms": _ms(percentiles(e2e)),
         "pickup_max_ms": round(max(pickup) * 1000, 3) if pickup else None,
         "e2e_max_ms": round(max(e2e) * 1000, 3) if e2e else None,
+        "e2e_db_ms": _ms(percentiles(e2e_db)),
         "traced": len(e2e), "untraced": missing,
         "shm_pickup_ms": shm_hist["pickup"], "shm_e2e_ms": shm_hist["e2e"],
         "supervisor_exit": code, "cpu": cpu_res,
         "method": "per job: pickup = claimer's handler-start time - producer's enqueue commit ack; "
-                  "e2e = completion COMMIT return time in the batcher - enqueue commit ack (trace hook)",
+                  "e2e = completion COMMIT return time in the batcher - enqueue commit ack (trace hook); "
+                  "e2e_db = done_entries.finished_at (start of the completing transaction) - enqueue ack",
     }
     if pinned:
         phases = {}

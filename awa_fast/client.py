@@ -6,6 +6,7 @@ typed error and leaves the caller's transaction usable.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import math
 import re
@@ -162,7 +163,10 @@ class Client:
         m = encode_payload(metadata, "metadata", self.max_payload_bytes) if metadata is not None else None
         target = conn if conn is not None else self._own_conn()
         done = 0
-        with target.transaction():
+        # On the caller's non-autocommit connection the rows simply join its
+        # transaction (psycopg's transaction() would commit on its own there).
+        scope = target.transaction() if target.autocommit else contextlib.nullcontext()
+        with scope:
             for start in range(0, len(payloads), chunk):
                 part = payloads[start:start + chunk]
                 self.storage.job_enqueue_copy(target, q, prio, kind, part, m, attempts)

@@ -65,6 +65,18 @@ LANGUAGE sql AS $$
     INSERT INTO __SCHEMA__.queue_meta (queue) VALUES (p_queue) ON CONFLICT DO NOTHING
 $$;
 
+-- Register a queue from inside a producer's transaction without ever
+-- waiting: if another open transaction is registering it right now, skip
+-- (claimers and the supervisor register queues too, in autocommit).
+CREATE FUNCTION __SCHEMA__.queue_ensure_nowait(p_queue text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM __SCHEMA__.queue_meta m WHERE m.queue = p_queue)
+       AND pg_try_advisory_xact_lock(__SCHEMA__.lock_key('queue_create'), hashtext(p_queue)) THEN
+        INSERT INTO __SCHEMA__.queue_meta (queue) VALUES (p_queue) ON CONFLICT DO NOTHING;
+    END IF;
+END $$;
+
 -- Lane id of (queue, priority, shard), creating the lane, its heads and
 -- its two cursor sequences on first use (the only DDL on the enqueue path).
 -- SECURITY DEFINER: a runtime role without DDL rights may create lanes.
@@ -79,7 +91,6 @@ BEGIN
     IF FOUND THEN
         RETURN v_lane;
     END IF;
-    PERFORM __SCHEMA__.queue_ensure(p_queue);
     INSERT INTO __SCHEMA__.queue_lanes (queue, priority, shard)
     VALUES (p_queue, p_priority, p_shard)
     ON CONFLICT DO NOTHING
@@ -118,8 +129,8 @@ DECLARE
 BEGIN
     SELECT m.enqueue_shards INTO v_shards FROM __SCHEMA__.queue_meta m WHERE m.queue = p_queue;
     IF NOT FOUND THEN
-        PERFORM __SCHEMA__.queue_ensure(p_queue);
-        SELECT m.enqueue_shards INTO STRICT v_shards FROM __SCHEMA__.queue_meta m WHERE m.queue = p_queue;
+        PERFORM __SCHEMA__.queue_ensure_nowait(p_queue);
+        v_shards := 4;  -- queue_meta.enqueue_shards default
     END IF;
     v_start := abs(p_hint) % v_shards;
     FOR i IN 0 .. v_shards - 1 LOOP
@@ -127,6 +138,10 @@ BEGIN
         SELECT h.lane_id, h.enqueue_seq INTO lane_id, enqueue_seq FROM __SCHEMA__.queue_enqueue_heads h
         WHERE h.queue = p_queue AND h.priority = p_priority AND h.shard = v_shard;
         IF NOT FOUND THEN
+            -- A lane first used by an open transaction elsewhere: try the next
+            -- shard instead of waiting on its uncommitted registration.
+            CONTINUE WHEN NOT pg_try_advisory_xact_lock(__SCHEMA__.lock_key('lane_create'),
+                                                         hashtext(p_queue || ':' || p_priority || ':' || v_shard));
             lane_id := __SCHEMA__.lane_ensure(p_queue, p_priority, v_shard);
             SELECT h.enqueue_seq INTO STRICT enqueue_seq FROM __SCHEMA__.queue_enqueue_heads h
             WHERE h.lane_id = lane_lock_for_enqueue.lane_id;
@@ -135,28 +150,39 @@ BEGIN
             RETURN;
         END IF;
     END LOOP;
-    SELECT h.lane_id, h.enqueue_seq INTO STRICT lane_id, enqueue_seq FROM __SCHEMA__.queue_enqueue_heads h
-    WHERE h.queue = p_queue AND h.priority = p_priority AND h.shard = v_start;
+    -- Every shard is busy: wait for the preferred one.
+    lane_id := __SCHEMA__.lane_ensure(p_queue, p_priority, v_start);
+    SELECT h.enqueue_seq INTO STRICT enqueue_seq FROM __SCHEMA__.queue_enqueue_heads h
+    WHERE h.lane_id = lane_lock_for_enqueue.lane_id;
     PERFORM pg_advisory_xact_lock(__SCHEMA__.lock_key('lane'), lane_id);
 END $$;
 
--- Move a lane's claim cursor across committed receipts. Caller holds the
--- lane's queue_claim_heads row lock. Receipts of the caller's own
--- transaction must not exist yet (they are not committed evidence).
+-- Move a lane's claim cursor across committed receipts and return the
+-- position to claim after. Caller holds the lane's queue_claim_heads row
+-- lock. Receipts written earlier in the caller's own transaction move the
+-- returned position but not the sequence (claims are not meant to run
+-- inside savepoints: a subtransaction's receipt would count as evidence).
 -- Index: lease_claims_lane (lane_id, last_seq).
 CREATE FUNCTION __SCHEMA__.lane_cursor_advance(p_lane int, p_claim_seq regclass) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
     v_cur bigint := pg_sequence_last_value(p_claim_seq);
     v_rec bigint;
+    v_own bigint;
 BEGIN
-    SELECT max(c.last_seq) INTO v_rec FROM __SCHEMA__.lease_claims c
+    -- Receipts of this very transaction are not committed evidence: a
+    -- rollback would undo them but not the setval. They still move the
+    -- position this transaction claims from (returned), never the sequence.
+    SELECT max(c.last_seq) FILTER (WHERE c.xmin IS DISTINCT FROM pg_current_xact_id_if_assigned()::xid),
+           max(c.last_seq)
+    INTO v_rec, v_own
+    FROM __SCHEMA__.lease_claims c
     WHERE c.lane_id = p_lane AND c.last_seq > v_cur;
     IF v_rec IS NOT NULL THEN
         PERFORM setval(p_claim_seq, v_rec, true);
         v_cur := v_rec;
     END IF;
-    RETURN v_cur;
+    RETURN greatest(v_cur, v_own);
 END $$;
 
 ---------------------------------------------------------------------------
@@ -212,7 +238,7 @@ DECLARE
 BEGIN
     IF p_run_at IS NOT NULL AND p_run_at > now() THEN
         v_job := nextval('__SCHEMA__.job_id_seq');
-        PERFORM __SCHEMA__.queue_ensure(p_queue);
+        PERFORM __SCHEMA__.queue_ensure_nowait(p_queue);
         INSERT INTO __SCHEMA__.deferred_jobs (job_id, queue, priority, kind, args, metadata, attempt,
             max_attempts, lease_base, state, run_at, created_at)
         VALUES (v_job, p_queue, p_priority, p_kind, p_args, p_metadata, 0, p_max_attempts, 0, 1, p_run_at, now());
@@ -278,7 +304,11 @@ DECLARE
     v_aging float8;
 BEGIN
     SELECT * INTO v_meta FROM __SCHEMA__.queue_meta m WHERE m.queue = p_queue;
-    IF NOT FOUND OR v_meta.paused OR p_max < 1 THEN
+    IF NOT FOUND THEN
+        PERFORM __SCHEMA__.queue_ensure(p_queue);
+        SELECT * INTO STRICT v_meta FROM __SCHEMA__.queue_meta m WHERE m.queue = p_queue;
+    END IF;
+    IF v_meta.paused OR p_max < 1 THEN
         RETURN;
     END IF;
     v_aging := greatest(extract(epoch FROM v_meta.aging_interval), 0.001);
@@ -287,8 +317,14 @@ BEGIN
         SELECT h.lane_id AS lid, h.priority AS prio, h.claim_seq AS cseq
         FROM __SCHEMA__.queue_claim_heads h
         JOIN __SCHEMA__.queue_enqueue_heads e ON e.lane_id = h.lane_id
-        CROSS JOIN LATERAL (SELECT pg_sequence_last_value(h.claim_seq) AS cur,
-                                   pg_sequence_last_value(e.enqueue_seq) AS head) q
+        CROSS JOIN LATERAL (SELECT pg_sequence_last_value(h.claim_seq) AS seq_cur,
+                                   pg_sequence_last_value(e.enqueue_seq) AS head) q0
+        CROSS JOIN LATERAL (
+            -- the effective cursor: the claim cursor lags one claim behind
+            -- its own receipts (Index: lease_claims_lane)
+            SELECT greatest(q0.seq_cur, (SELECT max(c.last_seq) FROM __SCHEMA__.lease_claims c
+                                         WHERE c.lane_id = h.lane_id AND c.last_seq > q0.seq_cur)) AS cur,
+                   q0.head) q
         CROSS JOIN LATERAL (
             -- age of the lane head: its oldest unclaimed segment
             SELECT g.created_at AS head_at FROM __SCHEMA__.ready_segments g
@@ -376,6 +412,49 @@ BEGIN
                   WHERE b.claim_slot = u.cs AND b.claim_id = u.cid)
        OR NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claims c
                       WHERE c.claim_slot = u.cs AND c.claim_id = u.cid);
+END $$;
+
+-- Complete a small batch of receipt-backed attempts in one statement (the
+-- low-latency path: in autocommit this is one round trip and one commit).
+-- Same guard and writes as the COPY path: per-receipt locks ascending,
+-- stale attempts skipped and returned, done_entries and per-attempt
+-- closures appended from the claim snapshots, attempt_state dropped.
+CREATE FUNCTION __SCHEMA__.receipt_complete_rows(p_claim_slots int[], p_claim_ids bigint[], p_job_ids bigint[],
+    p_run_leases int[], p_ready_slots int[], p_lane_ids int[], p_lane_seqs bigint[], p_attempts int[],
+    p_queues text[], p_kinds text[], p_with_state boolean[]) RETURNS TABLE (job_id bigint, run_lease int)
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(__SCHEMA__.lock_key('claim'), (x.cid % 2147483647)::int)
+    FROM (SELECT DISTINCT cid FROM unnest(p_claim_ids) AS cid ORDER BY cid) x;
+    RETURN QUERY
+    WITH input AS (
+        SELECT * FROM unnest(p_claim_slots, p_claim_ids, p_job_ids, p_run_leases, p_ready_slots, p_lane_ids,
+                             p_lane_seqs, p_attempts, p_queues, p_kinds, p_with_state)
+            AS u(cs, cid, j, l, rs, lane, seq, att, q, k, st)
+    ), checked AS (
+        SELECT i.*, (
+            EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closures x
+                    WHERE x.claim_slot = i.cs AND x.job_id = i.j AND x.run_lease = i.l)
+            OR EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closure_batches b
+                       WHERE b.claim_slot = i.cs AND b.claim_id = i.cid)
+            OR NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claims c
+                           WHERE c.claim_slot = i.cs AND c.claim_id = i.cid)) AS stale
+        FROM input i
+    ), done AS (
+        INSERT INTO __SCHEMA__.done_entries (ready_slot, job_id, lane_id, lane_seq, run_lease, attempt, state,
+            queue, kind)
+        SELECT c.rs, c.j, c.lane, c.seq, c.l, c.att, 1, c.q, c.k FROM checked c WHERE NOT c.stale
+        RETURNING 1
+    ), closed AS (
+        INSERT INTO __SCHEMA__.lease_claim_closures (claim_slot, claim_id, job_id, run_lease, outcome)
+        SELECT c.cs, c.cid, c.j, c.l, 1 FROM checked c WHERE NOT c.stale
+        RETURNING 1
+    ), cleared AS (
+        DELETE FROM __SCHEMA__.attempt_state a USING checked c
+        WHERE c.st AND NOT c.stale AND a.job_id = c.j AND a.run_lease = c.l
+        RETURNING 1
+    )
+    SELECT c.j, c.l FROM checked c WHERE c.stale;
 END $$;
 
 -- Append an error entry to a job's error history (newest last, at most 10).
@@ -889,18 +968,43 @@ BEGIN
     RETURN v_next;
 END $$;
 
--- Move the claim cursors of the given lanes across committed receipts,
--- skipping lanes a claimer holds right now.
+-- Move the claim cursors of the given lanes across committed receipts and
+-- then across a committed prefix of tombstoned rows (cancelled before any
+-- claim), skipping lanes a claimer holds right now. Prune uses it so a
+-- slot whose rows were all claimed or cancelled can go even when no
+-- claimer serves the queue.
 CREATE FUNCTION __SCHEMA__.lanes_cursor_advance(p_lanes int[]) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     h record;
+    v_cur bigint;
+    v_next record;
+    v_slot int;
+    v_moved boolean;
 BEGIN
     FOR h IN
         SELECT x.lane_id, x.claim_seq FROM __SCHEMA__.queue_claim_heads x
         WHERE x.lane_id = ANY (p_lanes) ORDER BY x.lane_id FOR UPDATE SKIP LOCKED
     LOOP
-        PERFORM __SCHEMA__.lane_cursor_advance(h.lane_id, h.claim_seq);
+        v_cur := __SCHEMA__.lane_cursor_advance(h.lane_id, h.claim_seq);
+        v_moved := false;
+        LOOP
+            SELECT g.ready_slot INTO v_slot FROM __SCHEMA__.ready_segments g
+            WHERE g.lane_id = h.lane_id AND g.last_seq > v_cur ORDER BY g.last_seq LIMIT 1;
+            EXIT WHEN NOT FOUND;
+            SELECT r.lane_seq, (t.lane_seq IS NOT NULL) AS tomb INTO v_next
+            FROM __SCHEMA__.ready_entries r
+            LEFT JOIN __SCHEMA__.ready_tombstones t
+                ON t.ready_slot = r.ready_slot AND t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq
+            WHERE r.ready_slot = v_slot AND r.lane_id = h.lane_id AND r.lane_seq > v_cur
+            ORDER BY r.lane_seq LIMIT 1;
+            EXIT WHEN NOT FOUND OR NOT v_next.tomb;
+            v_cur := v_next.lane_seq;
+            v_moved := true;
+        END LOOP;
+        IF v_moved THEN
+            PERFORM setval(h.claim_seq, v_cur, true);
+        END IF;
     END LOOP;
 END $$;
 

@@ -29,6 +29,11 @@ FROM __SCHEMA__.claim_batch(%s::text, %s::int, %s::int, %s::int)
 -- Lock the receipts of a completion batch; returns attempts that are no longer open.
 SELECT job_id, run_lease FROM __SCHEMA__.receipt_guard(%s::int[], %s::bigint[], %s::bigint[], %s::int[])
 
+-- name: receipt_complete_rows
+-- Complete a small batch in one statement (low-latency path); returns the stale attempts.
+SELECT job_id, run_lease FROM __SCHEMA__.receipt_complete_rows(%s::int[], %s::bigint[], %s::bigint[], %s::int[],
+    %s::int[], %s::int[], %s::bigint[], %s::int[], %s::text[], %s::text[], %s::boolean[])
+
 -- name: receipt_close_batches
 -- Compact closure: one row closes every attempt of a receipt (all completed in one flush).
 INSERT INTO __SCHEMA__.lease_claim_closure_batches (claim_slot, claim_id, outcome)

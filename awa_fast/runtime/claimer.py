@@ -33,6 +33,7 @@ from awa_fast.storage import (
     CLOSE_RETRY,
     CLOSE_SNOOZE,
     Storage,
+    clean_text,
     connect,
     use_raw_jsonb,
 )
@@ -62,10 +63,11 @@ class ClaimerConfig:
 
 def error_text(exc: BaseException | str) -> str:
     """Error text safe to store: no NUL, no lone surrogates, at most 8 KiB."""
-    text = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
-    text = text.replace("\x00", "\\x00")
-    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text[:_MAX_ERROR]
+    try:
+        text = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
+    except Exception:  # noqa: BLE001 - an exception whose __str__ fails
+        text = type(exc).__name__
+    return clean_text(text, _MAX_ERROR) or ""
 
 
 class Claimer:
@@ -80,8 +82,8 @@ class Claimer:
         self.claimed_at: dict[tuple[int, int], float] = {}
         self.stateful: set[tuple[int, int]] = set()
         self.batcher = CompletionBatcher(
-            BatcherConfig(config.dsn, config.schema, config.flush_max,
-                          f"awa_fast:batcher:{config.queue}#{config.stripe}"),
+            BatcherConfig(config.dsn, config.schema, flush_max=config.flush_max,
+                          application_name=f"awa_fast:batcher:{config.queue}#{config.stripe}"),
             self._flushed, self.stateful)
         self.heartbeat = Heartbeat(
             HeartbeatConfig(config.dsn, config.schema, config.heartbeat_interval,

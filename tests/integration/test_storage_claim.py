@@ -1,0 +1,200 @@
+"""Claim path: exactly-once claims under concurrency, cursor recovery, no skipped work.
+
+Invariants guarded (DESIGN.md section 2):
+- every committed job is claimed exactly once by concurrent claimers;
+- the claim cursor moves only after the claim commits, or across committed
+  spent evidence: a lost advance is recovered by the next claim, never by
+  double-issuing, and a rolled-back claim never makes it skip work.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from awa_fast.client import Client
+from awa_fast.jobs import ClaimSnapshot
+from awa_fast.storage import Storage
+from tests.integration.storage_helpers import (
+    claim,
+    claim_seq_value,
+    complete,
+    connect,
+    counts,
+    enqueue,
+    ring_current,
+    sqlx,
+)
+
+Q = "q"
+
+
+def test_eight_concurrent_claimers_claim_every_job_exactly_once(pg_dsn, schema, storage, conn):
+    total = 50_000
+    cli = Client(None, schema)
+    # five producer transactions (COPY), so the jobs spread over a few lanes
+    for p in range(5):
+        with connect(pg_dsn, schema, tag=f"producer{p}") as pc:
+            assert cli.enqueue_many("bulk.job", ({"n": p * 10_000 + i} for i in range(10_000)), queue=Q,
+                                    conn=pc) == 10_000
+    assert counts(storage, conn, Q) == {"available": total}
+
+    claimed: list[list[ClaimSnapshot]] = [[] for _ in range(8)]
+    stale: list[list[tuple[int, int]]] = [[] for _ in range(8)]
+    errors: list[BaseException] = []
+    done = threading.Event()
+    lock = threading.Lock()
+    progress = [0]
+    deadline = time.monotonic() + 120
+
+    def claimer(k: int) -> None:
+        try:
+            with connect(pg_dsn, schema, tag=f"claimer{k}") as c:
+                st = Storage(schema)
+                n = 0
+                while not done.is_set() and time.monotonic() < deadline:
+                    snaps = st.lane_claim(c, Q, 250, k, 8)  # autocommit: the claim commits at once
+                    if not snaps:
+                        with lock:
+                            if progress[0] >= total:
+                                done.set()
+                        continue
+                    claimed[k].extend(snaps)
+                    n += 1
+                    # complete in a transaction: every other batch as whole receipts (compact closure)
+                    with c.transaction():
+                        whole = {(s.claim_slot, s.claim_id) for s in snaps} if n % 2 else ()
+                        stale[k].extend(st.receipt_complete(c, snaps, whole))
+                    with lock:
+                        progress[0] += len(snaps)
+                        if progress[0] >= total:
+                            done.set()
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+            done.set()
+
+    threads = [threading.Thread(target=claimer, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert all(s == [] for s in stale)
+    ids = [s.job_id for per in claimed for s in per]
+    assert len(ids) == total, f"claimed {len(ids)} attempts"
+    assert len(set(ids)) == total, "a job was claimed twice"
+    assert all(s.run_lease == 1 and s.attempt == 1 for per in claimed for s in per)
+    assert sum(1 for per in claimed if per) >= 2, "claims were not spread over claimers"
+    # each claimer saw its lanes in lane order
+    for per in claimed:
+        by_lane: dict[int, list[int]] = {}
+        for s in per:
+            by_lane.setdefault(s.lane_id, []).append(s.lane_seq)
+        assert all(seqs == sorted(seqs) for seqs in by_lane.values())
+    assert storage.queue_counts_exact(conn) == {Q: {"completed": total}}
+    row = sqlx(conn, schema, "SELECT count(*), count(DISTINCT job_id) FROM __SCHEMA__.done_entries").fetchone()
+    assert row == (total, total)
+    assert claim(storage, conn, Q, 100) == []
+
+
+def test_lost_cursor_advance_is_recovered_without_double_claim(pg_dsn, schema, storage, conn):
+    Client(None, schema).enqueue_many("k", [{"i": i} for i in range(12)], queue=Q, conn=conn)
+    first = claim(storage, conn, Q, 4)
+    second = claim(storage, conn, Q, 3)
+    assert [s.lane_seq for s in first + second] == list(range(1, 8))
+    lane = first[0].lane_id
+    # the second claim moved the cursor across the first (committed) receipt
+    assert claim_seq_value(conn, schema, lane) == 4
+    # a lost advance: the cursor falls back to before both receipts
+    sqlx(conn, schema, "SELECT setval(claim_seq, 0, true) FROM __SCHEMA__.queue_claim_heads WHERE lane_id = %s",
+         (lane,))
+    assert claim_seq_value(conn, schema, lane) == 0
+    # cancel recovers the cursor too: a claimed job is flagged, not tombstoned as if unclaimed
+    assert storage.job_cancel(conn, first[0].job_id) == "cancel_requested"
+    assert claim_seq_value(conn, schema, lane) == 7
+    sqlx(conn, schema, "SELECT setval(claim_seq, 0, true) FROM __SCHEMA__.queue_claim_heads WHERE lane_id = %s",
+         (lane,))
+    third = claim(storage, conn, Q, 3)
+    assert [s.lane_seq for s in third] == [8, 9, 10]
+    assert claim_seq_value(conn, schema, lane) == 7  # recovered from the committed receipts
+
+    # again, with the receipts in a sealed (rotated, not pruned) claim slot
+    assert storage.ring_rotate(conn, "claim") == 1
+    sqlx(conn, schema, "SELECT setval(claim_seq, 2, true) FROM __SCHEMA__.queue_claim_heads WHERE lane_id = %s",
+         (lane,))
+    rest = claim(storage, conn, Q, 100)
+    assert [s.lane_seq for s in rest] == [11, 12]
+    assert rest[0].claim_slot == 1
+    seen = [s.job_id for s in first + second + third + rest]
+    assert len(seen) == len(set(seen)) == 12
+    assert counts(storage, conn, Q) == {"running": 12}
+    assert sqlx(conn, schema, "SELECT count(*) FROM __SCHEMA__.ready_tombstones").fetchone() == (0,)
+    assert complete(storage, conn, first + second + third + rest) == []
+    assert counts(storage, conn, Q) == {"completed": 12}
+    assert claim(storage, conn, Q, 100) == []
+
+
+def test_rolled_back_claim_skips_nothing(pg_dsn, schema, storage, conn):
+    jobs = [enqueue(schema, conn, Q, {"i": i}) for i in range(5)]
+    with connect(pg_dsn, schema, autocommit=False, tag="claimer") as c:
+        got = storage.lane_claim(c, Q, 3)
+        assert [s.job_id for s in got] == jobs[:3]
+        c.rollback()
+    assert counts(storage, conn, Q) == {"available": 5}
+    snaps = claim(storage, conn, Q, 10)
+    assert [s.job_id for s in snaps] == jobs
+    assert all(s.run_lease == 1 for s in snaps)
+
+
+def test_claim_skips_a_lane_held_by_another_claimer(pg_dsn, schema, storage, conn):
+    enqueue(schema, conn, Q, {"i": 0})
+    with connect(pg_dsn, schema, autocommit=False, tag="holder") as holder:
+        [held] = storage.lane_claim(holder, Q, 1)
+        enqueue(schema, conn, Q, {"i": 1})  # same or another lane; the held one is skipped, not waited on
+        t0 = time.monotonic()
+        other = claim(storage, conn, Q, 10)
+        assert time.monotonic() - t0 < 2.0
+        assert held.job_id not in [s.job_id for s in other]
+        holder.commit()
+    rest = claim(storage, conn, Q, 10)
+    ids = [s.job_id for s in other + rest] + [held.job_id]
+    assert len(ids) == len(set(ids)) == 2
+
+
+def test_two_claims_in_one_rolled_back_transaction_lose_nothing(pg_dsn, schema, storage, conn):
+    jobs = [enqueue(schema, conn, Q, {"i": i}) for i in range(4)]
+    with connect(pg_dsn, schema, autocommit=False, tag="claimer") as c:
+        a = storage.lane_claim(c, Q, 1)
+        b = storage.lane_claim(c, Q, 1)
+        assert [s.job_id for s in a + b] == jobs[:2]
+        c.rollback()
+    # nothing was claimed: every job must still be claimable, in order
+    assert counts(storage, conn, Q) == {"available": 4}
+    assert [s.job_id for s in claim(storage, conn, Q, 10)] == jobs
+
+
+def test_claim_in_a_transaction_counts_after_commit(pg_dsn, schema, storage, conn):
+    jobs = [enqueue(schema, conn, Q, {"i": i}) for i in range(3)]
+    with connect(pg_dsn, schema, autocommit=False, tag="claimer") as c:
+        got = storage.lane_claim(c, Q, 2)
+        assert counts(storage, conn, Q) == {"available": 3}  # not committed yet
+        c.commit()
+    assert [s.job_id for s in got] == jobs[:2]
+    assert counts(storage, conn, Q) == {"available": 1, "running": 2}
+    assert [s.job_id for s in claim(storage, conn, Q, 10)] == jobs[2:]
+
+
+def test_claims_across_ready_slots_keep_lane_order(pg_dsn, schema, storage, conn):
+    a = [enqueue(schema, conn, Q, {"i": i}) for i in range(3)]
+    assert storage.ring_rotate(conn, "ready") == 1
+    b = [enqueue(schema, conn, Q, {"i": i}) for i in range(3, 6)]
+    assert ring_current(storage, conn, "ready") == 1
+    snaps = claim(storage, conn, Q, 4)
+    assert [s.job_id for s in snaps] == a + b[:1]
+    assert [s.ready_slot for s in snaps] == [0, 0, 0, 1]
+    snaps2 = claim(storage, conn, Q, 10)
+    assert [s.job_id for s in snaps2] == b[1:]
+    assert complete(storage, conn, snaps + snaps2) == []
+    assert counts(storage, conn, Q) == {"completed": 6}
