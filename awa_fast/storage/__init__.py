@@ -18,6 +18,7 @@ caller's own transaction. Names follow the named queries in
 from __future__ import annotations
 
 import datetime as _dt
+import os
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -33,6 +34,12 @@ from awa_fast.jobs import ClaimSnapshot
 from awa_fast.storage.schema import latest_version, named_queries, render, validate_schema
 
 JSONB_OID = 3802
+
+if psycopg.pq.__impl__ == "python" and os.environ.get("AWA_FAST_ALLOW_PSYCOPG_PYTHON") != "1":
+    raise ImportError(
+        "awa-fast needs psycopg's C implementation, but only the pure-Python one is installed: "
+        "`pip install 'psycopg[binary]'` (or 'psycopg[c]' with libpq headers); "
+        "set AWA_FAST_ALLOW_PSYCOPG_PYTHON=1 to run slowly anyway")
 
 
 class RawJson(bytes):
