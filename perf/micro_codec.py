@@ -32,11 +32,15 @@ import pyperf
 from awa_fast import _pycodec
 from awa_fast.jobs import ClaimSnapshot
 
+_codec: ModuleType | None
 try:
-    from awa_fast import _codec
+    from awa_fast import _codec as _c_module
 except ImportError as exc:  # pragma: no cover - depends on the install
     _codec = None
     _C_MISSING = str(exc)
+else:
+    _codec = _c_module
+    _C_MISSING = ""
 
 QUICK = "--quick" in sys.argv
 if QUICK:
@@ -48,8 +52,14 @@ N_READY = 16 if QUICK else 1024
 N_SNAPSHOTS = 8 if QUICK else 512
 N_ROWS = 16 if QUICK else 1024
 
-NOW = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.timezone.utc)
-PAYLOAD = {"user_id": 123456, "email": "someone@example.com", "amount": 12.5, "tags": ["new", "eu"], "send": True}
+NOW = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
+PAYLOAD = {
+    "user_id": 123456,
+    "email": "someone@example.com",
+    "amount": 12.5,
+    "tags": ["new", "eu"],
+    "send": True,
+}
 
 
 def _payloads(n: int) -> list[bytes]:
@@ -107,8 +117,11 @@ def main() -> None:
     runner.metadata["quick"] = str(QUICK)
     args = runner.parse_args()
     if not args.worker:
-        print(f"# load {runner.metadata['loadavg']}; cpus {os.cpu_count()}; "
-              f"implementations: {runner.metadata['awa_fast_impls']}", flush=True)
+        print(
+            f"# load {runner.metadata['loadavg']}; cpus {os.cpu_count()}; "
+            f"implementations: {runner.metadata['awa_fast_impls']}",
+            flush=True,
+        )
         if _codec is None:
             print(f"# C extension not built, C benchmarks skipped: {_C_MISSING}", flush=True)
 

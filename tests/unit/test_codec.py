@@ -30,17 +30,19 @@ import awa_fast._pycodec as pycodec
 from awa_fast.errors import PayloadError
 from awa_fast.jobs import CLOSURE_COMPLETED, ClaimSnapshot
 
+ccodec: types.ModuleType | None
 try:
-    import awa_fast._codec as ccodec
+    import awa_fast._codec as _c_module
 except ImportError as exc:  # pragma: no cover - depends on the install
     ccodec = None
     _C_MISSING = f"C extension awa_fast._codec is not built ({exc})"
 else:
+    ccodec = _c_module
     _C_MISSING = ""
 
 HEADER = b"PGCOPY\n\xff\r\n\x00" + b"\x00" * 8
 TRAILER = b"\xff\xff"
-NOW = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.timezone.utc)
+NOW = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
 PACKAGE_ROOT = pathlib.Path(awa_fast.__file__).resolve().parent.parent
 
 I16 = (-(2**15), 2**15 - 1)
@@ -99,6 +101,12 @@ def parse_copy(buf: bytes) -> list[list[bytes | None]]:
     return rows
 
 
+def val(field: bytes | None) -> bytes:
+    """A non-NULL field."""
+    assert field is not None
+    return field
+
+
 def snapshot(i: int = 0, **over: Any) -> ClaimSnapshot:
     fields: dict[str, Any] = dict(
         job_id=(7 << 40) | (100 + i),
@@ -149,11 +157,16 @@ def test_ready_row_hand_decoded(codec: types.ModuleType) -> None:
         b"\x00\x0a"
         + b"\x00\x00\x00\x02\x00\x03"
         + b"\x00\x00\x00\x04\x00\x00\x00\x07"
-        + b"\x00\x00\x00\x08" + (100).to_bytes(8, "big")
-        + b"\x00\x00\x00\x08" + ((7 << 40) | 100).to_bytes(8, "big")
-        + b"\x00\x00\x00\x0a" + b"send_email"
-        + b"\x00\x00\x00\x08\x01" + b'{"x":1}'
-        + b"\x00\x00\x00\x0b\x01" + b'{"m":true}'
+        + b"\x00\x00\x00\x08"
+        + (100).to_bytes(8, "big")
+        + b"\x00\x00\x00\x08"
+        + ((7 << 40) | 100).to_bytes(8, "big")
+        + b"\x00\x00\x00\x0a"
+        + b"send_email"
+        + b"\x00\x00\x00\x08\x01"
+        + b'{"x":1}'
+        + b"\x00\x00\x00\x0b\x01"
+        + b'{"m":true}'
         + b"\x00\x00\x00\x02\x00\x00"
         + b"\x00\x00\x00\x02\x00\x19"
         + b"\x00\x00\x00\x04\x00\x00\x00\x00"
@@ -163,20 +176,20 @@ def test_ready_row_hand_decoded(codec: types.ModuleType) -> None:
     assert len(rows) == 2
     r = rows[1]
     assert len(r) == 10
-    assert struct.unpack(">h", r[0]) == (3,)  # type: ignore[arg-type]
-    assert struct.unpack(">i", r[1]) == (7,)  # type: ignore[arg-type]
-    assert struct.unpack(">q", r[2]) == (101,)  # type: ignore[arg-type]
-    assert struct.unpack(">q", r[3]) == ((7 << 40) | 101,)  # type: ignore[arg-type]
+    assert struct.unpack(">h", val(r[0])) == (3,)
+    assert struct.unpack(">i", val(r[1])) == (7,)
+    assert struct.unpack(">q", val(r[2])) == (101,)
+    assert struct.unpack(">q", val(r[3])) == ((7 << 40) | 101,)
     assert r[4] == b"send_email"
     assert r[5] == b"\x01[]"
     assert r[6] == b'\x01{"m":true}'
-    assert struct.unpack(">hhi", r[7] + r[8] + r[9]) == (0, 25, 0)  # type: ignore[operator]
+    assert struct.unpack(">hhi", val(r[7]) + val(r[8]) + val(r[9])) == (0, 25, 0)
 
 
 def test_ready_row_null_metadata(codec: types.ModuleType) -> None:
     (row,) = parse_copy(codec.encode_ready_rows(0, 0, 0, "k", [b"{}"], None, 1, 1))
     assert row[6] is None
-    assert struct.unpack(">q", row[3]) == (0,)  # type: ignore[arg-type]
+    assert struct.unpack(">q", val(row[3])) == (0,)
 
 
 def test_done_row_hand_decoded(codec: types.ModuleType) -> None:
@@ -185,13 +198,13 @@ def test_done_row_hand_decoded(codec: types.ModuleType) -> None:
     assert len(rows) == 2
     r = rows[1]
     assert len(r) == 9
-    assert struct.unpack(">h", r[0]) == (-1,)  # type: ignore[arg-type]
-    assert struct.unpack(">q", r[1]) == ((7 << 40) | 101,)  # type: ignore[arg-type]
-    assert struct.unpack(">i", r[2]) == (7,)  # type: ignore[arg-type]
-    assert struct.unpack(">q", r[3]) == (101,)  # type: ignore[arg-type]
-    assert struct.unpack(">i", r[4]) == (2,)  # type: ignore[arg-type]
-    assert struct.unpack(">h", r[5]) == (1,)  # type: ignore[arg-type]
-    assert struct.unpack(">h", r[6]) == (1,)  # state: completed  # type: ignore[arg-type]
+    assert struct.unpack(">h", val(r[0])) == (-1,)
+    assert struct.unpack(">q", val(r[1])) == ((7 << 40) | 101,)
+    assert struct.unpack(">i", val(r[2])) == (7,)
+    assert struct.unpack(">q", val(r[3])) == (101,)
+    assert struct.unpack(">i", val(r[4])) == (2,)
+    assert struct.unpack(">h", val(r[5])) == (1,)
+    assert struct.unpack(">h", val(r[6])) == (1,)  # state: completed
     assert r[7] == "q\u00e9".encode()
     assert r[8] == "k\U0001f600".encode()
 
@@ -202,8 +215,10 @@ def test_closure_row_hand_decoded(codec: types.ModuleType) -> None:
         HEADER
         + b"\x00\x05"
         + b"\x00\x00\x00\x02\x00\x04"
-        + b"\x00\x00\x00\x08" + (9005).to_bytes(8, "big")
-        + b"\x00\x00\x00\x08" + ((7 << 40) | 105).to_bytes(8, "big")
+        + b"\x00\x00\x00\x08"
+        + (9005).to_bytes(8, "big")
+        + b"\x00\x00\x00\x08"
+        + ((7 << 40) | 105).to_bytes(8, "big")
         + b"\x00\x00\x00\x04\x00\x00\x00\x06"
         + b"\x00\x00\x00\x02\x00\x01"
         + TRAILER
@@ -213,7 +228,9 @@ def test_closure_row_hand_decoded(codec: types.ModuleType) -> None:
 def test_encoders_accept_iterables_and_duck_types(codec: types.ModuleType) -> None:
     snaps = [snapshot(i) for i in range(3)]
     ducks = [types.SimpleNamespace(**{f: getattr(s, f) for f in s.__struct_fields__}) for s in snaps]
-    assert codec.encode_done_rows(iter(snaps)) == codec.encode_done_rows(ducks) == codec.encode_done_rows(snaps)
+    assert (
+        codec.encode_done_rows(iter(snaps)) == codec.encode_done_rows(ducks) == codec.encode_done_rows(snaps)
+    )
     assert codec.encode_closure_rows(tuple(snaps), 2) == codec.encode_closure_rows(ducks, 2)
     payloads = [b"{}", b"[1]"]
     assert codec.encode_ready_rows(1, 2, 3, "k", iter(payloads), None, 0, 1) == codec.encode_ready_rows(
@@ -233,7 +250,11 @@ def test_encoders_accept_iterables_and_duck_types(codec: types.ModuleType) -> No
         ((0, -1, 0, "k", [], None, 0, 1), ValueError, r"lane_id=-1 must be >= 0"),
         ((0, 2**23, 0, "k", [], None, 0, 1), OverflowError, r"lane_id < 2\*\*23"),
         ((0, 1, -5, "k", [], None, 0, 1), ValueError, r"first_seq=-5 must be >= 0"),
-        ((0, 1, 2**63, "k", [], None, 0, 1), OverflowError, r"first_seq=9223372036854775808 does not fit int8"),
+        (
+            (0, 1, 2**63, "k", [], None, 0, 1),
+            OverflowError,
+            r"first_seq=9223372036854775808 does not fit int8",
+        ),
         ((0, 1, 2**40 - 1, "k", [b"{}", b"{}"], None, 0, 1), OverflowError, r"lane_seq < 2\*\*40"),
         ((0, 1, 0, "k", [], None, 2**15, 1), OverflowError, r"attempt=32768 does not fit int2"),
         ((0, 1, 0, "k", [], None, 0, -(2**15) - 1), OverflowError, r"max_attempts=-32769"),
@@ -253,8 +274,8 @@ def test_ready_rows_errors(codec: types.ModuleType, args: tuple[Any, ...], exc: 
 
 def test_ready_rows_edges_accepted(codec: types.ModuleType) -> None:
     rows = parse_copy(codec.encode_ready_rows(I16[0], 2**23 - 1, 2**40 - 1, "k", [b"1"], None, True, I16[1]))
-    assert struct.unpack(">q", rows[0][3]) == (((2**23 - 1) << 40) | (2**40 - 1),)  # type: ignore[arg-type]
-    assert struct.unpack(">h", rows[0][7]) == (1,)  # bool is an int  # type: ignore[arg-type]
+    assert struct.unpack(">q", val(rows[0][3])) == (((2**23 - 1) << 40) | (2**40 - 1),)
+    assert struct.unpack(">h", val(rows[0][7])) == (1,)  # bool is an int
 
 
 @pytest.mark.parametrize(
@@ -277,6 +298,13 @@ def test_ready_rows_edges_accepted(codec: types.ModuleType) -> None:
 def test_done_rows_errors(codec: types.ModuleType, over: dict[str, Any], exc: type, match: str) -> None:
     with pytest.raises(exc, match=match):
         codec.encode_done_rows([snapshot(0), snapshot(1, **over)])
+
+
+def test_done_rows_text_checked_on_first_row(codec: types.ModuleType) -> None:
+    with pytest.raises(TypeError, match=r"snapshots\[0\]\.queue must be a str, not NoneType"):
+        codec.encode_done_rows([snapshot(queue=None)])
+    with pytest.raises(TypeError, match=r"snapshots\[0\]\.kind must be a str, not NoneType"):
+        codec.encode_done_rows([snapshot(kind=None)])
 
 
 def test_done_rows_missing_attribute(codec: types.ModuleType) -> None:
@@ -333,7 +361,9 @@ def _same(c: types.ModuleType, fn: str, *args: Any) -> tuple[Any, ...]:
     lane_id=st.one_of(st.integers(0, 2**23 - 1), _int4),
     first_seq=st.one_of(st.integers(0, 2**40 - 64), _int8),
     kind=_sometimes_odd(_texts),
-    payloads=st.lists(st.one_of(st.binary(max_size=40), st.binary(max_size=40), st.text(max_size=2)), max_size=20),
+    payloads=st.lists(
+        st.one_of(st.binary(max_size=40), st.binary(max_size=40), st.text(max_size=2)), max_size=20
+    ),
     metadata=st.one_of(st.none(), st.binary(max_size=30), st.text(max_size=3)),
     attempt=_int2,
     max_attempts=_int2,
@@ -349,13 +379,24 @@ def test_ready_rows_identical(
     attempt: int,
     max_attempts: int,
 ) -> None:
-    got = _same(c_codec, "encode_ready_rows", ready_slot, lane_id, first_seq, kind, payloads, metadata, attempt, max_attempts)
+    got = _same(
+        c_codec,
+        "encode_ready_rows",
+        ready_slot,
+        lane_id,
+        first_seq,
+        kind,
+        payloads,
+        metadata,
+        attempt,
+        max_attempts,
+    )
     if got[0] == "ok":
         rows = parse_copy(got[1])
         assert len(rows) == len(payloads)
         for i, row in enumerate(rows):
             seq = first_seq + i
-            assert struct.unpack(">qq", row[2] + row[3]) == (seq, (lane_id << 40) | seq)  # type: ignore[operator]
+            assert struct.unpack(">qq", val(row[2]) + val(row[3])) == (seq, (lane_id << 40) | seq)
             assert row[5] == b"\x01" + payloads[i]
 
 
@@ -381,7 +422,9 @@ _snapshots = st.builds(
 
 @_IDENTICAL
 @given(snaps=st.lists(_snapshots, max_size=12), outcome_code=_int2)
-def test_done_and_closure_rows_identical(c_codec: types.ModuleType, snaps: list[ClaimSnapshot], outcome_code: int) -> None:
+def test_done_and_closure_rows_identical(
+    c_codec: types.ModuleType, snaps: list[ClaimSnapshot], outcome_code: int
+) -> None:
     _same(c_codec, "encode_done_rows", snaps)
     _same(c_codec, "encode_closure_rows", snaps, outcome_code)
 
@@ -399,7 +442,9 @@ def test_rows_identical_through_getattr(c_codec: types.ModuleType, snaps: list[C
 # --------------------------------------------------------------------------
 # check_payload
 
-_good_text = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=10)
+_good_text = st.text(
+    alphabet=st.characters(exclude_categories=["Cs"], exclude_characters="\x00"), max_size=10
+)
 _good_scalar = st.one_of(
     st.none(),
     st.booleans(),
@@ -533,7 +578,7 @@ def test_decode_snapshots_defaults_and_arity(codec: types.ModuleType) -> None:
 
 def test_decode_snapshots_references(codec: types.ModuleType) -> None:
     marker = object()
-    row = as_row(snapshot(args=marker))  # type: ignore[arg-type]
+    row = as_row(snapshot(args=marker))
     before = sys.getrefcount(marker)
     out = codec.decode_snapshots([row] * 5)
     assert sys.getrefcount(marker) == before + 5
@@ -553,7 +598,9 @@ def test_c_uses_fast_snapshot_layout(c_codec: types.ModuleType) -> None:
 # implementation selection
 
 
-def _impl_run(impl: str | None, code: str = "import awa_fast._impl as i; print(i.IMPL)") -> subprocess.CompletedProcess[str]:
+def _impl_run(
+    impl: str | None, code: str = "import awa_fast._impl as i; print(i.IMPL)"
+) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
     env.pop("AWA_FAST_IMPL", None)
     if impl is not None:
@@ -600,7 +647,9 @@ def test_impl_c_missing_raises() -> None:
 
 
 def test_impl_default_falls_back_with_one_warning() -> None:
-    res = _impl_run(None, _HIDE_C + "import awa_fast._impl as i; import awa_fast; print(i.IMPL, awa_fast.__impl__)")
+    res = _impl_run(
+        None, _HIDE_C + "import awa_fast._impl as i; import awa_fast; print(i.IMPL, awa_fast.__impl__)"
+    )
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "python python"
     assert res.stderr.count("pure-Python implementation") == 1
@@ -636,13 +685,26 @@ def _copy_back(cur: Any, table: str, cols: str, buf: bytes) -> list[tuple[Any, .
 def test_postgres_accepts_streams(codec: types.ModuleType, pg_dsn: str) -> None:
     import psycopg
 
-    payloads = [json.dumps({"i": i, "s": "\u00e9\U0001f600", "l": [1, 2.5, None]}).encode() for i in range(20)]
+    payloads = [
+        json.dumps({"i": i, "s": "\u00e9\U0001f600", "l": [1, 2.5, None]}).encode() for i in range(20)
+    ]
     ready = codec.encode_ready_rows(2, 5, 1000, "emails.send", payloads, b'{"trace": "x"}', 1, 25)
     snaps = [snapshot(i, queue="q\u00e9", kind="k:1", ready_slot=i % 4) for i in range(30)]
     with psycopg.connect(pg_dsn) as conn, conn.cursor() as cur:
         got = _copy_back(cur, "ready_t", _READY_COLS, ready)
         assert got == [
-            (2, 5, 1000 + i, (5 << 40) | (1000 + i), "emails.send", json.loads(payloads[i]), {"trace": "x"}, 1, 25, 0)
+            (
+                2,
+                5,
+                1000 + i,
+                (5 << 40) | (1000 + i),
+                "emails.send",
+                json.loads(payloads[i]),
+                {"trace": "x"},
+                1,
+                25,
+                0,
+            )
             for i in range(20)
         ]
         null_meta = codec.encode_ready_rows(0, 1, 1, "k", [b"[]"], None, 0, 1)
@@ -650,10 +712,13 @@ def test_postgres_accepts_streams(codec: types.ModuleType, pg_dsn: str) -> None:
 
         got = _copy_back(cur, "done_t", _DONE_COLS, codec.encode_done_rows(snaps))
         want = sorted(
-            (s.ready_slot, s.job_id, s.lane_id, s.lane_seq, s.run_lease, s.attempt, 1, s.queue, s.kind) for s in snaps
+            (s.ready_slot, s.job_id, s.lane_id, s.lane_seq, s.run_lease, s.attempt, 1, s.queue, s.kind)
+            for s in snaps
         )
         assert got == want
 
         got = _copy_back(cur, "closure_t", _CLOSURE_COLS, codec.encode_closure_rows(snaps, CLOSURE_COMPLETED))
-        assert got == sorted((s.claim_slot, s.claim_id, s.job_id, s.run_lease, CLOSURE_COMPLETED) for s in snaps)
+        assert got == sorted(
+            (s.claim_slot, s.claim_id, s.job_id, s.run_lease, CLOSURE_COMPLETED) for s in snaps
+        )
         conn.rollback()
