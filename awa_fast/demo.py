@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -104,6 +105,7 @@ def run_demo(dsn: str, jobs: int, stripes: int = 2) -> int:
         if proc.poll() is None:
             proc.kill()
         conn.close()
+        shutil.rmtree(home, ignore_errors=True)
     print(f"  drained {jobs:,} jobs in {drain_s:.2f}s including process start-up "
           f"({jobs / drain_s:,.0f} jobs/s), {stripes} claimer stripes")
     print("  latency from enqueue, ms (bulk enqueue: mostly time spent queued): "

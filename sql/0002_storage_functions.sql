@@ -766,6 +766,7 @@ BEGIN
     WHERE EXISTS (
         SELECT 1 FROM __SCHEMA__.lease_claims c
         WHERE c.lane_id = r.lane_id AND c.ready_slot = r.ready_slot AND p_job_id = ANY (c.job_ids)
+          AND r.lane_seq BETWEEN c.first_seq AND c.last_seq
           AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closure_batches b
                           WHERE b.claim_slot = c.claim_slot AND b.claim_id = c.claim_id)
           AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closures x
@@ -1207,6 +1208,7 @@ LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v jsonb;
     r record;
+    v_state text;
 BEGIN
     SELECT jsonb_build_object('state', CASE d.state WHEN 1 THEN 'completed' WHEN 2 THEN 'failed' ELSE 'cancelled' END,
         'job_id', d.job_id, 'queue', d.queue, 'kind', d.kind, 'attempt', d.attempt, 'run_lease', d.run_lease,
@@ -1247,26 +1249,37 @@ BEGIN
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
+    IF EXISTS (SELECT 1 FROM __SCHEMA__.ready_tombstones t
+               WHERE t.ready_slot = r.ready_slot AND t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq) THEN
+        v_state := 'cancelled';
+    ELSIF EXISTS (
+        -- the receipt that claimed this very row (not an older attempt's)
+        SELECT 1 FROM __SCHEMA__.lease_claims c
+        WHERE c.lane_id = r.lane_id AND c.ready_slot = r.ready_slot
+          AND r.lane_seq BETWEEN c.first_seq AND c.last_seq AND r.job_id = ANY (c.job_ids)
+          AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closure_batches b
+                          WHERE b.claim_slot = c.claim_slot AND b.claim_id = c.claim_id)
+          AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closures x
+                          WHERE x.claim_slot = c.claim_slot AND x.job_id = r.job_id
+                            AND x.run_lease = r.lease_base + 1)) THEN
+        v_state := 'running';
+    ELSIF r.lane_seq > greatest(pg_sequence_last_value(r.claim_seq),
+                                COALESCE((SELECT max(c.last_seq) FROM __SCHEMA__.lease_claims c
+                                          WHERE c.lane_id = r.lane_id), 0)) THEN
+        v_state := 'available';
+    ELSE
+        -- claimed and closed, and no terminal, deferred or DLQ record is left
+        -- (purged or pruned): unknown
+        RETURN NULL;
+    END IF;
     RETURN jsonb_build_object(
-        'state', CASE
-            WHEN EXISTS (SELECT 1 FROM __SCHEMA__.ready_tombstones t
-                         WHERE t.ready_slot = r.ready_slot AND t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq)
-                THEN 'cancelled'
-            WHEN EXISTS (SELECT 1 FROM __SCHEMA__.lease_claims c
-                         WHERE c.lane_id = r.lane_id AND c.ready_slot = r.ready_slot AND r.job_id = ANY (c.job_ids)
-                           AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closure_batches b
-                                           WHERE b.claim_slot = c.claim_slot AND b.claim_id = c.claim_id)
-                           AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closures x
-                                           WHERE x.claim_slot = c.claim_slot AND x.job_id = r.job_id
-                                             AND x.run_lease = r.lease_base + 1))
-                THEN 'running'
-            WHEN EXISTS (SELECT 1 FROM __SCHEMA__.lease_claims c
-                         WHERE c.lane_id = r.lane_id AND c.ready_slot = r.ready_slot AND r.job_id = ANY (c.job_ids))
-                THEN 'closing'
-            ELSE 'available' END,
+        'state', v_state,
         'job_id', r.job_id, 'queue', r.queue, 'kind', r.kind, 'priority', r.priority, 'args', r.args,
-        'metadata', r.metadata, 'attempt', r.attempt, 'max_attempts', r.max_attempts,
-        'run_lease', r.lease_base, 'errors', r.errors, 'created_at', r.created_at);
+        'metadata', r.metadata,
+        'attempt', CASE WHEN v_state = 'running' THEN r.attempt + 1 ELSE r.attempt END,
+        'max_attempts', r.max_attempts,
+        'run_lease', CASE WHEN v_state = 'running' THEN r.lease_base + 1 ELSE r.lease_base END,
+        'errors', r.errors, 'created_at', r.created_at);
 END $$;
 
 ---------------------------------------------------------------------------

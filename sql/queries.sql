@@ -189,7 +189,7 @@ GROUP BY 1, 2
 
 -- name: receipt_lock
 -- Take the per-receipt advisory locks of a batch in ascending claim_id (the global lock order).
-SELECT count(pg_advisory_xact_lock(__SCHEMA__.lock_key('claim'), (x.cid % 2147483647)::int))
+SELECT count(pg_advisory_xact_lock(__SCHEMA__.lock_key('claim'), (x.cid %% 2147483647)::int))
 FROM (SELECT DISTINCT cid FROM unnest(%s::bigint[]) AS cid ORDER BY cid) x
 
 -- name: ring_slot_empty

@@ -78,6 +78,7 @@ class CompletionBatcher:
         self._thread = threading.Thread(target=self._run, name="awa-batcher", daemon=True)
         self._conn: psycopg.Connection | None = None
         self.flushes = 0
+        self.dropped = 0  # outcomes that could not be written (their attempts get rescued)
 
     # -- producer side (claimer and handler threads) ----------------------------
 
@@ -164,6 +165,7 @@ class CompletionBatcher:
                 if len(batch) == 1:
                     log.error("dropping outcome of job %s: %s (its attempt will be rescued)",
                               batch[0][0].id, exc, extra={"action": "batcher_drop"})
+                    self.dropped += 1
                     self._forget(batch)
                     return
                 for one in batch:

@@ -95,6 +95,8 @@ class Claimer:
         self._outstanding = 0  # claimed and not yet finished (buffered + running)
         self._count_lock = threading.Lock()
         self._avg_handler_s: float | None = None  # EWMA of sync handler time, sizes dispatch chunks
+        self._async_slots: asyncio.Semaphore | None = None  # bounds async handlers to `concurrency`
+        self._parent = os.getppid()
         self._threads: list[threading.Thread] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
@@ -183,6 +185,10 @@ class Claimer:
                     continue
                 self.stats["empty_claims"] += 1
             self._publish()
+            if os.getppid() != self._parent:
+                log.error("supervisor %d is gone; draining", self._parent, extra={"action": "orphaned"})
+                self._stopping.set()
+                break
             self._wake.wait(cfg.poll_interval)
 
     def _close_claim_conn(self) -> None:
@@ -208,6 +214,12 @@ class Claimer:
         self.stats["claimed"] += n
         with self._count_lock:
             self._outstanding += n
+        unknown = [j for j in jobs if j.kind not in self.registry]
+        if unknown:
+            # No handler here: fail at once with a clear reason (to the DLQ when enabled).
+            self._finish([(j, (CLOSE_FAIL, None, f"no handler registered for kind {j.kind!r} in this worker"))
+                          for j in unknown])
+            jobs = [j for j in jobs if j.kind in self.registry]
         if self._loop is None:
             sync_jobs, async_jobs = jobs, []
         else:
@@ -240,17 +252,24 @@ class Claimer:
 
     def _worker(self) -> None:
         perf = time.perf_counter
+        stopping = self._stopping
         while True:
             chunk = self._work.get()
             if chunk is None:
                 return
             done: list[tuple[Job, Outcome | object]] = []
             t0 = perf()
-            for job in chunk:
+            for i, job in enumerate(chunk):
+                if stopping.is_set():
+                    # Draining: hand back what has not started (no attempt consumed).
+                    done.extend((j, _HAND_BACK) for j in chunk[i:])
+                    break
                 done.append((job, self._run_sync(job)))
-            per_job = (perf() - t0) / len(chunk)
-            avg = self._avg_handler_s
-            self._avg_handler_s = per_job if avg is None else 0.8 * avg + 0.2 * per_job
+            ran = sum(1 for _, o in done if o is not _HAND_BACK)
+            if ran:
+                per_job = (perf() - t0) / ran
+                avg = self._avg_handler_s
+                self._avg_handler_s = per_job if avg is None else 0.8 * avg + 0.2 * per_job
             self._finish(done)
 
     def _run_sync(self, job: Job) -> Outcome:
@@ -267,10 +286,20 @@ class Claimer:
         return self._outcome(job, result)
 
     def _spawn_async(self, jobs: list[Job]) -> None:
+        if self._async_slots is None:
+            self._async_slots = asyncio.Semaphore(self.config.concurrency)
         for job in jobs:
             asyncio.ensure_future(self._run_async(job))
 
     async def _run_async(self, job: Job) -> None:
+        assert self._async_slots is not None
+        async with self._async_slots:
+            if self._stopping.is_set():
+                self._finish([(job, _HAND_BACK)])
+                return
+            await self._run_async_handler(job)
+
+    async def _run_async_handler(self, job: Job) -> None:
         spec = self.registry[job.kind]
         job.started_at = time.time()
         try:
@@ -305,7 +334,9 @@ class Claimer:
     def _finish(self, done: list[tuple[Job, Outcome | object]]) -> None:
         """Hand finished attempts to the batcher and free their local capacity."""
         for i, (job, outcome) in enumerate(done):
-            if outcome is _PARKED:
+            if outcome is _HAND_BACK:
+                done[i] = (job, (CLOSE_SNOOZE, 0.0, None))
+            elif outcome is _PARKED:
                 key = (job.id, job.run_lease)
                 self.held.pop(key, None)
                 self.claimed_at.pop(key, None)
@@ -453,7 +484,10 @@ class Claimer:
         self._set_state("stopped")
         log.info("claimer %s#%d drained (handed back %d unstarted jobs, clean=%s)", cfg.queue, cfg.stripe,
                  handed_back, clean and flushed, extra={"action": "drain_done"})
-        return 0 if clean and flushed else 1
+        if self.batcher.dropped:
+            log.error("%d outcomes could not be written; their attempts will be rescued",
+                      self.batcher.dropped, extra={"action": "drain_dropped"})
+        return 0 if clean and flushed and not self.batcher.dropped else 1
 
 
 def _seconds(value: object) -> float:
@@ -468,6 +502,21 @@ def _seconds(value: object) -> float:
 
 # A handler parked its attempt for a callback: nothing to write.
 _PARKED = object()
+# Claimed but never started when the drain began: given back without consuming an attempt.
+_HAND_BACK = object()
+
+
+def die_with_parent() -> None:
+    """Ask Linux to send SIGTERM (a drain) to this child when the supervisor dies."""
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the claim loop's getppid check still applies
+        pass
 
 
 def claimer_main(app_ref: str, config: ClaimerConfig, shm_name: str | None, shm_index: int) -> None:
@@ -476,6 +525,7 @@ def claimer_main(app_ref: str, config: ClaimerConfig, shm_name: str | None, shm_
 
     from awa_fast.runtime.loader import load_app
 
+    die_with_parent()
     app = load_app(app_ref)
     record = None
     ring = None

@@ -60,6 +60,7 @@ class Maintenance:
         self._stop = threading.Event()
         self._last: dict[str, float] = {}
         self.leader_since: float | None = None
+        self.parent_pid: int | None = None  # stop when this process (the supervisor) is gone
         self.last_prune: dict[str, dict[str, int]] = {}
         self.last_prune_at: dict[str, float] = {}
         self.last_rotate_at: dict[str, float] = {}
@@ -226,6 +227,8 @@ class Maintenance:
                 if not self.try_lead():
                     if self._publish is not None:
                         self._publish(self.snapshot())
+                    if self.parent_pid is not None and os.getppid() != self.parent_pid:
+                        break
                     self._stop.wait(self.config.election_interval)
                     continue
             try:
@@ -242,6 +245,9 @@ class Maintenance:
                         self._conn.rollback()
                 except psycopg.Error:
                     self._drop_connection()
+            if self.parent_pid is not None and os.getppid() != self.parent_pid:
+                log.error("supervisor %d is gone; maintenance stops", self.parent_pid, extra={"action": "orphaned"})
+                break
             self._stop.wait(tick)
         self._drop_connection()
 
@@ -250,6 +256,10 @@ def maintenance_main(config: MaintenanceConfig, shm_name: str | None) -> None:
     """Entry point of the maintenance process (forked by the supervisor)."""
     import signal
 
+    from awa_fast.runtime.claimer import die_with_parent
+
+    die_with_parent()
+    parent = os.getppid()
     ring = None
     publish = None
     if shm_name:
@@ -276,6 +286,7 @@ def maintenance_main(config: MaintenanceConfig, shm_name: str | None) -> None:
                                role="leader" if state["leader"] else "standby")
 
     m = Maintenance(config, publish)
+    m.parent_pid = parent
     signal.signal(signal.SIGTERM, lambda *_: m.stop())
     signal.signal(signal.SIGINT, lambda *_: m.stop())
     m.run()

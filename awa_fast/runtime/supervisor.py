@@ -116,10 +116,21 @@ class Supervisor:
         self._ring: Any = None
 
     def request_drain(self, *_: object) -> None:
-        """Start a graceful drain (signal handler)."""
-        if not self._draining:
-            log.info("drain requested", extra={"action": "drain_requested"})
+        """Start a graceful drain (signal handler): children are told at once."""
+        if self._draining:
+            return
         self._draining = True
+        log.info("drain requested", extra={"action": "drain_requested"})
+        self._signal_children(signal.SIGTERM)
+
+    def _signal_children(self, sig: int) -> None:
+        for child in self._children:
+            proc = child.process
+            if proc is not None and proc.pid is not None:
+                try:
+                    os.kill(proc.pid, sig)
+                except ProcessLookupError:
+                    pass
 
     def _prepare_database(self) -> None:
         storage = Storage(self.config.schema)
@@ -223,9 +234,7 @@ class Supervisor:
 
     def _drain(self) -> int:
         deadline = time.monotonic() + self.config.drain_timeout + 5.0
-        for child in self._children:
-            if child.process is not None and child.process.is_alive():
-                os.kill(child.process.pid, signal.SIGTERM)
+        self._signal_children(signal.SIGTERM)
         clean = True
         for child in self._children:
             proc = child.process

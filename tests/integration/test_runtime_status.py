@@ -1,0 +1,74 @@
+"""``awa-fast status``: local claimers from shared memory, queues/rings/leader from the database."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.runtime_helpers import (
+    QUEUE,
+    SupervisorProc,
+    cli,
+    cli_json,
+    counts,
+    enqueue_bulk,
+    wait_for,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def _status(pg_dsn: str, schema: str, home, *extra: str):  # noqa: ANN001, ANN202
+    return cli_json("status", "--json", "--schema", schema, "--dsn", pg_dsn, "--home", str(home), *extra)
+
+
+def test_status_json_with_and_without_a_local_supervisor(pg_dsn, schema, storage, conn, tmp_path):
+    n = 300
+    home = tmp_path / "home"
+    with SupervisorProc(pg_dsn, schema, tmp_path, home=home) as sup:
+        pids = sup.wait_running(2)
+        enqueue_bulk(pg_dsn, schema, "rt.sync", ({"i": i} for i in range(n)))
+        wait_for(lambda: counts(storage, conn).get("completed", 0) == n, 30, "completions", on_timeout=sup.tail)
+
+        def settled():  # noqa: ANN202 - counters are published after each flush
+            data = _status(pg_dsn, schema, home, "--exact")
+            local = data["local"]
+            ok = local and sum(c["completed"] for c in local["claimers"]) == n \
+                and local["maintenance"]["role"] == "leader"
+            return data if ok else None
+        data = wait_for(settled, 20, "status counters to reach the completions", interval=0.2,
+                        on_timeout=lambda: str(_status(pg_dsn, schema, home)["local"]))
+
+        local = data["local"]
+        assert local["supervisor_pid"] == sup.pid and local["supervisor_alive"] is True
+        by_stripe = {c["stripe"]: c for c in local["claimers"]}
+        assert set(by_stripe) == {0, 1}
+        for stripe, c in by_stripe.items():
+            assert c["queue"] == QUEUE and c["state"] == "running" and c["pid"] == pids[(QUEUE, stripe)], c
+            assert c["claimed"] >= c["completed"] and c["stale"] == 0 and c["in_flight"] == 0, c
+        assert sum(c["claimed"] for c in by_stripe.values()) == n
+        assert local["maintenance"]["leader_pid"] == sup.maintenance_pid()
+        # From the database: queue, rings, leader, exact counts.
+        assert [q["queue"] for q in data["queues"]] == [QUEUE]
+        assert set(data["rings"]) == {"ready", "claim", "lease"}
+        assert all(r["slots"] == 4 and 0 <= r["slot"] < 4 and r["generation"] >= 0 for r in data["rings"].values()), \
+            data["rings"]
+        assert data["leader"]["application_name"] == f"awa_fast:maintenance:{schema}"
+        assert data["counts"][QUEUE] == {"completed": n}
+
+        # No local supervisor under this home: still reports from the database.
+        other = _status(pg_dsn, schema, tmp_path / "elsewhere")
+        assert other["local"] is None
+        assert other["leader"]["pid"] == data["leader"]["pid"]
+        assert set(other["rings"]) == {"ready", "claim", "lease"}
+        assert [q["queue"] for q in other["queues"]] == [QUEUE]
+
+        text = cli("status", "--schema", schema, "--dsn", pg_dsn, "--home", str(home))
+        assert text.returncode == 0, text.stderr
+        assert f"schema {schema}" in text.stdout and "leader: pid" in text.stdout
+        assert text.stdout.count(f"claimer {QUEUE}#") == 2
+        assert sup.stop() == 0, sup.tail()
+
+    after = _status(pg_dsn, schema, home)
+    assert after["local"] is None, "the locator of a stopped supervisor is still followed"
+    assert after["leader"] is None
+    assert set(after["rings"]) == {"ready", "claim", "lease"}

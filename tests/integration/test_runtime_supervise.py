@@ -1,0 +1,183 @@
+"""``awa-fast supervise`` end to end: real processes, real PostgreSQL.
+
+Load through two claimer stripes (sync and async handlers), a graceful
+drain on SIGTERM, and what a short completed job leaves behind.
+"""
+
+from __future__ import annotations
+
+import collections
+import signal
+import time
+
+import pytest
+
+from tests.integration.runtime_helpers import (
+    QUEUE,
+    RunLog,
+    SupervisorProc,
+    counts,
+    done_rows_by_job,
+    enqueue_bulk,
+    enqueue_one,
+    group_gone,
+    rollups,
+    sqlx,
+    wait_for,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def test_20k_jobs_two_stripes_each_completed_exactly_once(pg_dsn, schema, storage, conn, tmp_path):
+    n_half = 10_000
+    runlog = RunLog(tmp_path / "runlog")
+    with SupervisorProc(pg_dsn, schema, tmp_path, runlog=runlog,
+                        queues=[f"{QUEUE}:stripes=2,concurrency=16"]) as sup:
+        sup.wait_running(2)
+        sync_ids = enqueue_bulk(pg_dsn, schema, "rt.sync", ({"i": i} for i in range(n_half)))
+        async_ids = enqueue_bulk(pg_dsn, schema, "rt.async", ({"i": i} for i in range(n_half)))
+        assert len(sync_ids) == len(async_ids) == n_half
+        all_ids = set(sync_ids) | set(async_ids)
+
+        wait_for(lambda: counts(storage, conn).get("completed", 0) >= 2 * n_half, 150,
+                 "20,000 completions", interval=0.2,
+                 on_timeout=lambda: f"{counts(storage, conn)}\n{sup.tail()}")
+        local = sup.local_status()
+        assert sup.stop(60) == 0, sup.tail()
+
+    final = counts(storage, conn)
+    assert final == {"completed": 2 * n_half}, final
+
+    # Durable side: exactly one done row per job, completed on its first attempt.
+    # (A ready slot sealed and pruned under the test folds its done rows into
+    # the rollups; then the rows left plus the rollups must still add up.)
+    done = done_rows_by_job(conn, schema)
+    dups = {j: rows for j, rows in done.items() if len(rows) > 1}
+    assert not dups, f"jobs with more than one done row: {list(dups.items())[:5]}"
+    pruned = rollups(conn, schema)
+    assert set(pruned) <= {(QUEUE, 1)}, pruned
+    assert len(done) + sum(pruned.values()) == 2 * n_half
+    assert set(done) <= all_ids
+    if not pruned:
+        assert set(done) == all_ids
+    assert {rows[0] for rows in done.values()} == {(1, 1, 1)}  # (completed, attempt 1, run_lease 1)
+
+    # Handler side: every job ran exactly once, in the right kind of handler.
+    runs = runlog.entries("run")
+    per_job = collections.Counter(e["job"] for e in runs)
+    assert set(per_job) == all_ids
+    assert max(per_job.values()) == 1, [j for j, c in per_job.items() if c > 1][:5]
+    kinds = {e["job"]: e["kind"] for e in runs}
+    assert all(kinds[j] == "rt.sync" for j in sync_ids)
+    assert all(kinds[j] == "rt.async" for j in async_ids)
+
+    # Both stripes took part (claimer counters from shared memory).
+    assert local is not None
+    claimed = {c["stripe"]: c["claimed"] for c in local["claimers"]}
+    assert set(claimed) == {0, 1} and all(v > 0 for v in claimed.values()), claimed
+    assert len({e["pid"] for e in runs}) == 2
+
+
+def test_completed_short_job_leaves_no_attempt_state_or_lease(pg_dsn, schema, storage, conn, tmp_path):
+    runlog = RunLog(tmp_path / "runlog")
+    with SupervisorProc(pg_dsn, schema, tmp_path, runlog=runlog, heartbeat_interval=0.3) as sup:
+        sup.wait_running(2)
+        short = enqueue_one(pg_dsn, schema, "rt.sync", {"n": 1})
+        # A longer job heartbeats (creating attempt_state); it must go when the attempt ends.
+        long = enqueue_one(pg_dsn, schema, "rt.sleep", {"ms": 1500})
+        wait_for(lambda: sqlx(conn, schema, "SELECT 1 FROM __SCHEMA__.attempt_state WHERE job_id = %s", (long,)),
+                 10, "the long job's first heartbeat (attempt_state row)", on_timeout=sup.tail)
+        wait_for(lambda: counts(storage, conn).get("completed", 0) == 2, 20, "both jobs completed",
+                 on_timeout=sup.tail)
+        for job_id in (short, long):
+            job = storage.job_load(conn, job_id)
+            assert job is None or job["state"] == "completed", job  # None: history already pruned
+        assert sqlx(conn, schema, "SELECT job_id FROM __SCHEMA__.attempt_state") == []
+        assert sqlx(conn, schema, "SELECT job_id FROM __SCHEMA__.leases") == []
+        assert sup.stop() == 0, sup.tail()
+
+
+def test_sigterm_mid_load_drains_cleanly_and_a_second_supervisor_finishes(pg_dsn, schema, storage, conn,
+                                                                           tmp_path):
+    total = 5_000
+    runlog = RunLog(tmp_path / "runlog")
+    ids = set(enqueue_bulk(pg_dsn, schema, "rt.sleep", ({"ms": 5} for _ in range(total))))
+    assert len(ids) == total
+    with SupervisorProc(pg_dsn, schema, tmp_path, runlog=runlog, name="first",
+                        queues=[f"{QUEUE}:stripes=2,concurrency=4"]) as sup:
+        sup.wait_running(2)
+        wait_for(lambda: counts(storage, conn).get("completed", 0) >= 500, 60, "500 completions",
+                 on_timeout=sup.tail)
+        sup.send(signal.SIGTERM)
+        code = sup.wait(60)
+        assert code == 0, sup.tail()
+        assert "drained (clean)" in sup.output(), sup.tail()
+        wait_for(lambda: group_gone(sup.pid), 10, "no process of the drained supervisor left")
+
+    mid = counts(storage, conn)
+    assert "running" not in mid, f"open claims left after a clean drain: {mid}"
+    assert "waiting" not in mid and "failed" not in mid and "dlq" not in mid, mid
+    assert 500 <= mid["completed"] < total, f"SIGTERM did not land mid-load: {mid}"
+    # Hand-back gives the attempt back: nothing left over was charged an attempt.
+    started = {e["job"] for e in runlog.entries("start")}
+    finished = {e["job"] for e in runlog.entries("run")}
+    assert started == finished, f"handlers cut off mid-run: {sorted(started - finished)[:5]}"
+
+    with SupervisorProc(pg_dsn, schema, tmp_path, runlog=runlog, name="second",
+                        queues=[f"{QUEUE}:stripes=2,concurrency=16"]) as sup2:
+        wait_for(lambda: counts(storage, conn).get("completed", 0) >= total, 40, "all 5,000 completed",
+                 interval=0.1, on_timeout=lambda: f"{counts(storage, conn)}\n{sup2.tail()}")
+        assert sup2.stop() == 0, sup2.tail()
+
+    assert counts(storage, conn) == {"completed": total}
+    done = done_rows_by_job(conn, schema)
+    pruned = sum(rollups(conn, schema).values())
+    assert all(len(rows) == 1 for rows in done.values()), "a job has two done rows"
+    assert len(done) + pruned == total
+    assert set(done) <= ids
+    # Exactly once on the handler side too, and no attempt consumed by the drain
+    # (done rows of sealed ready slots are pruned by now: the run log has the attempts).
+    runs = runlog.entries("run")
+    per_job = collections.Counter(e["job"] for e in runs)
+    assert set(per_job) == ids
+    assert max(per_job.values()) == 1
+    assert {e["attempt"] for e in runs} == {1}, "a handed-back job was charged an attempt"
+    assert {rows[0][1] for rows in done.values()} <= {1}
+
+
+def test_drain_hands_back_claimed_jobs_that_have_not_started(pg_dsn, schema, storage, conn, tmp_path):
+    """SIGTERM: running handlers finish, claimed-but-unstarted jobs are handed back, nothing new starts.
+
+    A claim of 32 with concurrency 2 leaves 30 jobs waiting locally; running
+    them all (300 ms each) would take ~4.5 s, longer than the 3 s drain timeout.
+    """
+    runlog = RunLog(tmp_path / "runlog")
+    ids = set(enqueue_bulk(pg_dsn, schema, "rt.sleep", ({"ms": 300} for _ in range(40))))
+    with SupervisorProc(pg_dsn, schema, tmp_path, runlog=runlog, drain_timeout=3,
+                        queues=[f"{QUEUE}:stripes=1,concurrency=2,batch=32"]) as sup:
+        sup.wait_running(1)
+        wait_for(lambda: len(runlog.entries("start")) >= 2, 20, "two handlers started", on_timeout=sup.tail)
+        sigterm_at = time.time()
+        sup.send(signal.SIGTERM)
+        code = sup.wait(30)
+        drain_s = time.time() - sigterm_at
+    late = [e for e in runlog.entries("start") if e["t"] > sigterm_at + 0.05]
+    mid = counts(storage, conn)
+    assert (code, len(late), mid.get("running", 0)) == (0, 0, 0), (
+        f"exit code {code} after {drain_s:.1f}s; {len(late)} handlers started after SIGTERM; counts {mid}\n"
+        f"{sup.tail()}")
+    # The handed-back jobs wait (snoozed, attempt not consumed) for the next supervisor.
+    assert mid.get("completed", 0) + mid.get("snoozed", 0) + mid.get("available", 0) == len(ids), mid
+
+
+def test_job_load_of_a_running_job_shows_the_attempt_being_run(pg_dsn, schema, storage, conn, tmp_path):
+    runlog = RunLog(tmp_path / "runlog")
+    with SupervisorProc(pg_dsn, schema, tmp_path, runlog=runlog, queues=[f"{QUEUE}:stripes=1,concurrency=2"]) as sup:
+        sup.wait_running(1)
+        job_id = enqueue_one(pg_dsn, schema, "rt.sleep", {"ms": 3000})
+        started = wait_for(lambda: runlog.for_job(job_id, "start"), 10, "the handler to start",
+                           on_timeout=sup.tail)[0]
+        job = storage.job_load(conn, job_id)
+        assert job["state"] == "running"
+        assert (job["attempt"], job["run_lease"]) == (started["attempt"], started["lease"]) == (1, 1), job
