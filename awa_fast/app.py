@@ -99,6 +99,16 @@ class App(Client):
         return super().enqueue_many(kind, args_list, queue=queue, priority=priority, max_attempts=max_attempts,
                                     metadata=metadata, conn=conn, chunk=chunk, progress=progress)
 
+    async def enqueue_many_async(self, kind: str, args_list: Any, *, conn: psycopg.AsyncConnection,
+                                 queue: str | None = None, priority: int | None = None,
+                                 max_attempts: int | None = None, metadata: Any = None, chunk: int = 50_000,
+                                 progress: Any = None) -> int:
+        """Async bulk enqueue by binary COPY (defaults from the kind's registration)."""
+        queue, priority, max_attempts = self._defaults(kind, queue, priority, max_attempts)
+        return await super().enqueue_many_async(kind, args_list, conn=conn, queue=queue, priority=priority,
+                                                max_attempts=max_attempts, metadata=metadata, chunk=chunk,
+                                                progress=progress)
+
     # -- callbacks ----------------------------------------------------------------
 
     def complete_callback(self, token: str, *, conn: psycopg.Connection | None = None) -> bool:

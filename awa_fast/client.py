@@ -10,6 +10,8 @@ import contextlib
 import datetime as _dt
 import math
 import re
+import sys
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -143,6 +145,19 @@ class Client:
             kind, args, queue, priority, max_attempts, metadata, run_at, delay)
         return await self.storage.job_enqueue_async(conn, q, prio, kind, a, m, attempts, when, wait)
 
+    def _prepare_many(self, kind: str, args_list: Iterable[Any], queue: str | None, priority: int | None,
+                      max_attempts: int | None, metadata: Any,
+                      progress: Any) -> tuple[str, int, list[RawJson], RawJson | None, int, Any]:
+        validate_name("kind", kind)
+        q = validate_name("queue", queue if queue is not None else self.default_queue)
+        prio = validate_priority(PRIORITY_DEFAULT if priority is None else priority)
+        attempts = validate_max_attempts(25 if max_attempts is None else max_attempts)
+        payloads = [encode_payload({} if a is None else a, "args", self.max_payload_bytes) for a in args_list]
+        m = encode_payload(metadata, "metadata", self.max_payload_bytes) if metadata is not None else None
+        if progress is True:
+            progress = ProgressBar(len(payloads), f"enqueue {kind}")
+        return q, prio, payloads, m, attempts, progress
+
     def enqueue_many(self, kind: str, args_list: Iterable[Any], *, queue: str | None = None,
                      priority: int | None = None, max_attempts: int | None = None, metadata: Any = None,
                      conn: psycopg.Connection | None = None, chunk: int = 50_000,
@@ -151,16 +166,12 @@ class Client:
 
         Every payload is checked and encoded before the first row is sent.
         With ``conn`` the rows join that transaction; otherwise they commit
-        in one transaction on the client's connection. ``progress`` is an
-        optional callable taking the number of rows written so far.
+        in one transaction on the client's connection. ``progress=True``
+        draws a progress bar on stderr (when it is a terminal); a callable
+        is called with the number of rows written so far.
         """
-        validate_name("kind", kind)
-        q = validate_name("queue", queue if queue is not None else self.default_queue)
-        prio = validate_priority(PRIORITY_DEFAULT if priority is None else priority)
-        attempts = validate_max_attempts(25 if max_attempts is None else max_attempts)
-        payloads: Sequence[bytes] = [encode_payload({} if a is None else a, "args", self.max_payload_bytes)
-                                     for a in args_list]
-        m = encode_payload(metadata, "metadata", self.max_payload_bytes) if metadata is not None else None
+        q, prio, payloads, m, attempts, progress = self._prepare_many(
+            kind, args_list, queue, priority, max_attempts, metadata, progress)
         target = conn if conn is not None else self._own_conn()
         done = 0
         # On the caller's non-autocommit connection the rows simply join its
@@ -174,3 +185,42 @@ class Client:
                 if progress is not None:
                     progress(done)
         return done
+
+    async def enqueue_many_async(self, kind: str, args_list: Iterable[Any], *, conn: psycopg.AsyncConnection,
+                                 queue: str | None = None, priority: int | None = None,
+                                 max_attempts: int | None = None, metadata: Any = None, chunk: int = 50_000,
+                                 progress: Any = None) -> int:
+        """Async twin of :meth:`enqueue_many` on an async connection (joins its transaction)."""
+        q, prio, payloads, m, attempts, progress = self._prepare_many(
+            kind, args_list, queue, priority, max_attempts, metadata, progress)
+        done = 0
+        scope = conn.transaction() if conn.autocommit else contextlib.nullcontext()
+        async with scope:  # type: ignore[attr-defined]
+            for start in range(0, len(payloads), chunk):
+                part = payloads[start:start + chunk]
+                await self.storage.job_enqueue_copy_async(conn, q, prio, kind, part, m, attempts)
+                done += len(part)
+                if progress is not None:
+                    progress(done)
+        return done
+
+
+class ProgressBar:
+    """A minimal stderr progress bar (drawn only on a terminal); call it with the count done."""
+
+    def __init__(self, total: int, label: str = "") -> None:
+        self.total = max(total, 1)
+        self.label = label
+        self.started = time.perf_counter()
+        self.tty = sys.stderr.isatty()
+
+    def __call__(self, done: int) -> None:
+        if not self.tty:
+            return
+        width = 30
+        filled = int(width * done / self.total)
+        rate = done / max(time.perf_counter() - self.started, 1e-9)
+        sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} {rate:,.0f}/s")
+        if done >= self.total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()

@@ -21,6 +21,7 @@ import time
 import psycopg
 
 from awa_fast.app import App
+from awa_fast.client import ProgressBar
 from awa_fast.storage.schema import render
 
 app = App(schema="awa_fast_demo")
@@ -34,18 +35,6 @@ def noop(job) -> None:  # noqa: ANN001 - awa_fast.Job
 @app.job("demo.async_noop", queue="demo")
 async def async_noop(job) -> None:  # noqa: ANN001
     """The async twin, to show both kinds of handlers in one supervisor."""
-
-
-def _bar(done: int, total: int, started: float) -> None:
-    if not sys.stderr.isatty():
-        return
-    width = 30
-    filled = int(width * done / max(total, 1))
-    rate = done / max(time.perf_counter() - started, 1e-9)
-    sys.stderr.write(f"\r  [{'#' * filled}{'.' * (width - filled)}] {done}/{total} {rate:,.0f}/s")
-    sys.stderr.flush()
-    if done >= total:
-        sys.stderr.write("\n")
 
 
 def _latency(home: str, schema: str) -> dict[str, dict[str, float | None]]:
@@ -72,10 +61,10 @@ def run_demo(dsn: str, jobs: int, stripes: int = 2) -> int:
     print(f"awa-fast demo: schema {schema} migrated; enqueueing {jobs:,} jobs by COPY")
     started = time.perf_counter()
     half = jobs // 2
-    app.enqueue_many("demo.noop", ({"n": i} for i in range(half)), progress=lambda n: _bar(n, jobs, started),
-                     chunk=10_000)
+    bar = ProgressBar(jobs, "  enqueue")
+    app.enqueue_many("demo.noop", ({"n": i} for i in range(half)), progress=bar, chunk=10_000)
     app.enqueue_many("demo.async_noop", ({"n": i} for i in range(jobs - half)),
-                     progress=lambda n: _bar(half + n, jobs, started), chunk=10_000)
+                     progress=lambda n: bar(half + n), chunk=10_000)
     enqueue_s = time.perf_counter() - started
     print(f"  enqueued {jobs:,} in {enqueue_s:.2f}s ({jobs / enqueue_s:,.0f} jobs/s)")
     env = dict(os.environ, AWA_FAST_DSN=dsn)
@@ -85,6 +74,7 @@ def run_demo(dsn: str, jobs: int, stripes: int = 2) -> int:
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env)
     conn = psycopg.connect(dsn, autocommit=True)
+    bar = ProgressBar(jobs, "  drain  ")
     try:
         done = 0
         while done < jobs:
@@ -92,7 +82,7 @@ def run_demo(dsn: str, jobs: int, stripes: int = 2) -> int:
                 print(f"supervisor exited early with code {proc.returncode}", file=sys.stderr)
                 return 1
             done = app.storage.queue_terminal_counts(conn).get("demo", {}).get("completed", 0)
-            _bar(done, jobs, t0)
+            bar(done)
             if done < jobs:
                 time.sleep(0.1)
         drain_s = time.perf_counter() - t0

@@ -187,6 +187,20 @@ class Storage:
             cp.write(buf)
         return rng
 
+    async def job_enqueue_copy_async(self, conn: psycopg.AsyncConnection, queue: str, priority: int, kind: str,
+                                     args: Sequence[bytes], metadata: bytes | None,
+                                     max_attempts: int) -> LaneRange:
+        """Async twin of :meth:`job_enqueue_copy`."""
+        cur = await conn.execute(self.q["lane_reserve"], (queue, priority, len(args)))
+        row = await cur.fetchone()
+        assert row is not None
+        rng = LaneRange(int(row[0]), int(row[1]), int(row[2]))
+        buf = _impl.encode_ready_rows(rng.ready_slot, rng.lane_id, rng.first_seq, kind, args, metadata, 0,
+                                      max_attempts)
+        async with conn.cursor().copy(render(_READY_COPY.format(slot=int(rng.ready_slot)), self.schema)) as cp:
+            await cp.write(buf)
+        return rng
+
     # -- claim ----------------------------------------------------------------
 
     def lane_claim(self, conn: psycopg.Connection, queue: str, limit: int, stripe: int = 0,
