@@ -745,11 +745,14 @@ def _latency_run(args: argparse.Namespace, dsn: str, schema: str, srv: dict[str,
     shutil.rmtree(trace_dir, ignore_errors=True)
     # The peers' way, for a like-for-like comparison: the completion row's own
     # timestamp (now() = start of the completing transaction) - enqueue ack.
+    # With track_commit_timestamp on, the completion row's commit time is exact; else finished_at.
     with _conn(dsn) as c:
-        finished = dict(c.execute(render("SELECT job_id, extract(epoch FROM finished_at)::float8 "
+        commit_ts = c.execute("SHOW track_commit_timestamp").fetchone()[0] == "on"  # type: ignore[index]
+        ts = "pg_xact_commit_timestamp(xmin)" if commit_ts else "finished_at"
+        finished = dict(c.execute(render(f"SELECT job_id, extract(epoch FROM {ts})::float8 "
                                          "FROM __SCHEMA__.done_entries WHERE job_id = ANY(%s)", schema),
                                   ([j for j, _ in sent],)).fetchall())
-    e2e_db = [finished[j] - ack for j, ack in sent if j in finished]
+    e2e_db = [finished[j] - ack for j, ack in sent if finished.get(j) is not None]
     pickup, e2e, missing = [], [], 0
     by_phase: dict[str, list[tuple[float, float, float]]] = {}
     for jid, ack in sent:
@@ -771,6 +774,7 @@ def _latency_run(args: argparse.Namespace, dsn: str, schema: str, srv: dict[str,
         "pickup_max_ms": round(max(pickup) * 1000, 3) if pickup else None,
         "e2e_max_ms": round(max(e2e) * 1000, 3) if e2e else None,
         "e2e_db_ms": _ms(percentiles(e2e_db)),
+        "e2e_db_method": "completion row commit timestamp" if commit_ts else "done_entries.finished_at",
         "traced": len(e2e), "untraced": missing,
         "shm_pickup_ms": shm_hist["pickup"], "shm_e2e_ms": shm_hist["e2e"],
         "supervisor_exit": code, "cpu": cpu_res,

@@ -199,7 +199,9 @@ CREATE TABLE __SCHEMA__.lease_claims (
 CREATE INDEX lease_claims_lane ON __SCHEMA__.lease_claims (lane_id, last_seq);
 
 -- Per-attempt closure evidence. The primary key is the per-attempt guard:
--- a second closure of the same (job_id, run_lease) conflicts.
+-- a second closure of the same (job_id, run_lease) conflicts (an attempt
+-- belongs to exactly one receipt); leading with claim_id it also finds a
+-- receipt's closures for the completion guard.
 -- outcome: 1 completed 2 failed 3 cancelled 4 retried 5 snoozed 6 dlq
 --          7 rescued 8 materialized (moved to the lease plane)
 CREATE TABLE __SCHEMA__.lease_claim_closures (
@@ -209,7 +211,7 @@ CREATE TABLE __SCHEMA__.lease_claim_closures (
     run_lease   int         NOT NULL,
     outcome     smallint    NOT NULL,
     closed_at   timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (claim_slot, job_id, run_lease)
+    PRIMARY KEY (claim_slot, claim_id, job_id, run_lease)
 ) PARTITION BY LIST (claim_slot);
 
 -- Compact closure of a whole receipt (every job completed in one flush).

@@ -395,23 +395,28 @@ END $$;
 -- lease row. A stale writer matches nothing and is reported as stale.
 ---------------------------------------------------------------------------
 
--- Lock the receipts of a batch (sorted, no deadlocks) and return the
--- attempts that are no longer open (stale).
-CREATE FUNCTION __SCHEMA__.receipt_guard(p_claim_slots int[], p_claim_ids bigint[], p_job_ids bigint[],
-    p_run_leases int[]) RETURNS TABLE (job_id bigint, run_lease int)
+-- Lock the receipts of a completion batch (ascending claim_id: the global
+-- lock order) and return what in them is no longer open: every attempt
+-- already closed (job_id, run_lease), or claim_id alone (job_id NULL) when
+-- the whole receipt is closed or gone. O(receipts) parameters, not O(jobs).
+-- Index: lease_claim_closures primary key (claim_slot, claim_id, ...).
+CREATE FUNCTION __SCHEMA__.receipt_guard(p_claim_slots int[], p_claim_ids bigint[])
+RETURNS TABLE (claim_id bigint, job_id bigint, run_lease int)
 LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pg_advisory_xact_lock(__SCHEMA__.lock_key('claim'), (x.cid % 2147483647)::int)
     FROM (SELECT DISTINCT cid FROM unnest(p_claim_ids) AS cid ORDER BY cid) x;
     RETURN QUERY
-    SELECT u.j, u.l
-    FROM unnest(p_claim_slots, p_claim_ids, p_job_ids, p_run_leases) AS u(cs, cid, j, l)
-    WHERE EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closures x
-                  WHERE x.claim_slot = u.cs AND x.job_id = u.j AND x.run_lease = u.l)
-       OR EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closure_batches b
-                  WHERE b.claim_slot = u.cs AND b.claim_id = u.cid)
+    SELECT r.cid, x.job_id, x.run_lease
+    FROM unnest(p_claim_slots, p_claim_ids) AS r(cs, cid)
+    JOIN __SCHEMA__.lease_claim_closures x ON x.claim_slot = r.cs AND x.claim_id = r.cid
+    UNION ALL
+    SELECT r.cid, NULL::bigint, NULL::int
+    FROM unnest(p_claim_slots, p_claim_ids) AS r(cs, cid)
+    WHERE EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closure_batches b
+                  WHERE b.claim_slot = r.cs AND b.claim_id = r.cid)
        OR NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claims c
-                      WHERE c.claim_slot = u.cs AND c.claim_id = u.cid);
+                      WHERE c.claim_slot = r.cs AND c.claim_id = r.cid);
 END $$;
 
 -- Complete a small batch of receipt-backed attempts in one statement (the
@@ -434,7 +439,7 @@ BEGIN
     ), checked AS (
         SELECT i.*, (
             EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closures x
-                    WHERE x.claim_slot = i.cs AND x.job_id = i.j AND x.run_lease = i.l)
+                    WHERE x.claim_slot = i.cs AND x.claim_id = i.cid AND x.job_id = i.j AND x.run_lease = i.l)
             OR EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closure_batches b
                        WHERE b.claim_slot = i.cs AND b.claim_id = i.cid)
             OR NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claims c
@@ -569,7 +574,7 @@ BEGIN
               AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closure_batches b
                               WHERE b.claim_slot = c.claim_slot AND b.claim_id = c.claim_id)
               AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closures x
-                              WHERE x.claim_slot = c.claim_slot AND x.job_id = p_job_ids[i]
+                              WHERE x.claim_slot = c.claim_slot AND x.claim_id = c.claim_id AND x.job_id = p_job_ids[i]
                                 AND x.run_lease = p_run_leases[i]);
             IF NOT FOUND OR v_rec.seq IS NULL THEN
                 status := 'stale';
@@ -625,7 +630,7 @@ BEGIN
               AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closure_batches b
                               WHERE b.claim_slot = c.claim_slot AND b.claim_id = c.claim_id)
               AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closures x
-                              WHERE x.claim_slot = c.claim_slot AND x.job_id = p_job_ids[i]
+                              WHERE x.claim_slot = c.claim_slot AND x.claim_id = c.claim_id AND x.job_id = p_job_ids[i]
                                 AND x.run_lease = p_run_leases[i]);
             IF NOT FOUND THEN
                 status := 'stale';
@@ -659,7 +664,7 @@ BEGIN
       AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closure_batches b
                       WHERE b.claim_slot = c.claim_slot AND b.claim_id = c.claim_id)
       AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closures x
-                      WHERE x.claim_slot = c.claim_slot AND x.job_id = p_job_id AND x.run_lease = p_run_lease);
+                      WHERE x.claim_slot = c.claim_slot AND x.claim_id = c.claim_id AND x.job_id = p_job_id AND x.run_lease = p_run_lease);
     IF NOT FOUND OR v_rec.seq IS NULL THEN
         RETURN NULL;
     END IF;
@@ -770,7 +775,7 @@ BEGIN
           AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closure_batches b
                           WHERE b.claim_slot = c.claim_slot AND b.claim_id = c.claim_id)
           AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closures x
-                          WHERE x.claim_slot = c.claim_slot AND x.job_id = p_job_id
+                          WHERE x.claim_slot = c.claim_slot AND x.claim_id = c.claim_id AND x.job_id = p_job_id
                             AND x.run_lease = r.lease_base + 1))
     ON CONFLICT ON CONSTRAINT attempt_state_pkey DO UPDATE SET cancel_requested = true, updated_at = now();
     IF FOUND THEN
@@ -831,7 +836,7 @@ BEGIN
           AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closure_batches b
                           WHERE b.claim_slot = c.claim_slot AND b.claim_id = c.claim_id)
           AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closures x
-                          WHERE x.claim_slot = c.claim_slot AND x.job_id = u.j AND x.run_lease = u.l)
+                          WHERE x.claim_slot = c.claim_slot AND x.claim_id = c.claim_id AND x.job_id = u.j AND x.run_lease = u.l)
         -- receipt locks are taken in ascending claim_id, like every batch path
         ORDER BY c.claim_id
         LIMIT p_limit
@@ -914,7 +919,7 @@ BEGIN
             AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closure_batches b
                             WHERE b.claim_slot = c.claim_slot AND b.claim_id = c.claim_id)
             AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closures x
-                            WHERE x.claim_slot = c.claim_slot AND x.job_id = a.job_id
+                            WHERE x.claim_slot = c.claim_slot AND x.claim_id = c.claim_id AND x.job_id = a.job_id
                               AND x.run_lease = a.run_lease));
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
@@ -1025,7 +1030,7 @@ BEGIN
                  AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closure_batches b
                                  WHERE b.claim_slot = c.claim_slot AND b.claim_id = c.claim_id)
                  AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closures x
-                                 WHERE x.claim_slot = c.claim_slot AND x.job_id = u.j AND x.run_lease = u.l)) THEN
+                                 WHERE x.claim_slot = c.claim_slot AND x.claim_id = c.claim_id AND x.job_id = u.j AND x.run_lease = u.l)) THEN
         RETURN 'open_claims';
     END IF;
     IF EXISTS (SELECT 1 FROM __SCHEMA__.leases l WHERE l.ready_slot = p_slot) THEN
@@ -1045,7 +1050,7 @@ BEGIN
                  AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closure_batches b
                                  WHERE b.claim_slot = c.claim_slot AND b.claim_id = c.claim_id)
                  AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closures x
-                                 WHERE x.claim_slot = c.claim_slot AND x.job_id = u.j AND x.run_lease = u.l)) THEN
+                                 WHERE x.claim_slot = c.claim_slot AND x.claim_id = c.claim_id AND x.job_id = u.j AND x.run_lease = u.l)) THEN
         RETURN 'open_claims';
     END IF;
     IF EXISTS (SELECT 1 FROM __SCHEMA__.lease_claims c
@@ -1182,7 +1187,7 @@ LANGUAGE sql STABLE AS $$
         WHERE NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closure_batches b
                           WHERE b.claim_slot = c.claim_slot AND b.claim_id = c.claim_id)
           AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closures x
-                          WHERE x.claim_slot = c.claim_slot AND x.job_id = u.j AND x.run_lease = u.l)
+                          WHERE x.claim_slot = c.claim_slot AND x.claim_id = c.claim_id AND x.job_id = u.j AND x.run_lease = u.l)
     )
     SELECT k.queue, 'available', count(*)
     FROM __SCHEMA__.ready_entries r JOIN cursors k ON k.lane_id = r.lane_id
@@ -1260,7 +1265,7 @@ BEGIN
           AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closure_batches b
                           WHERE b.claim_slot = c.claim_slot AND b.claim_id = c.claim_id)
           AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closures x
-                          WHERE x.claim_slot = c.claim_slot AND x.job_id = r.job_id
+                          WHERE x.claim_slot = c.claim_slot AND x.claim_id = c.claim_id AND x.job_id = r.job_id
                             AND x.run_lease = r.lease_base + 1)) THEN
         v_state := 'running';
     ELSIF r.lane_seq > greatest(pg_sequence_last_value(r.claim_seq),

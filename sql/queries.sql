@@ -26,8 +26,8 @@ SELECT job_id, run_lease, attempt, max_attempts, queue, kind, priority, args, me
 FROM __SCHEMA__.claim_batch(%s::text, %s::int, %s::int, %s::int)
 
 -- name: receipt_guard
--- Lock the receipts of a completion batch; returns attempts that are no longer open.
-SELECT job_id, run_lease FROM __SCHEMA__.receipt_guard(%s::int[], %s::bigint[], %s::bigint[], %s::int[])
+-- Lock the receipts of a completion batch; returns what in them is no longer open (job_id NULL: all of it).
+SELECT claim_id, job_id, run_lease FROM __SCHEMA__.receipt_guard(%s::int[], %s::bigint[])
 
 -- name: receipt_complete_rows
 -- Complete a small batch in one statement (low-latency path); returns the stale attempts.

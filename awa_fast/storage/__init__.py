@@ -210,7 +210,8 @@ class Storage:
         ``conn`` must return jsonb as raw bytes (see :func:`use_raw_jsonb`).
         Commit (or run in autocommit) for the claim to count.
         """
-        cur = conn.execute(self.q["lane_claim"], (queue, limit, stripe, stripes))
+        cur = conn.cursor(binary=True)  # binary results: C loaders for ints and timestamps
+        cur.execute(self.q["lane_claim"], (queue, limit, stripe, stripes))
         return _impl.decode_snapshots(cur.fetchall())
 
     # -- completion -----------------------------------------------------------
@@ -229,13 +230,16 @@ class Storage:
         """
         if not snapshots:
             return []
-        stale = conn.execute(self.q["receipt_guard"], (
-            [s.claim_slot for s in snapshots], [s.claim_id for s in snapshots],
-            [s.job_id for s in snapshots], [s.run_lease for s in snapshots])).fetchall()
+        receipts = {(s.claim_slot, s.claim_id) for s in snapshots}
+        closed = conn.execute(self.q["receipt_guard"], (
+            [r[0] for r in receipts], [r[1] for r in receipts])).fetchall()
         live: Sequence[ClaimSnapshot] = snapshots
         stale_set: set[tuple[int, int]] = set()
-        if stale:
-            stale_set = {(int(j), int(l)) for j, l in stale}
+        if closed:
+            gone = {int(cid) for cid, j, _ in closed if j is None}
+            closed_attempts = {(int(j), int(l)) for _, j, l in closed if j is not None}
+            stale_set = {(s.job_id, s.run_lease) for s in snapshots
+                         if s.claim_id in gone or (s.job_id, s.run_lease) in closed_attempts}
             live = [s for s in snapshots if (s.job_id, s.run_lease) not in stale_set]
         if live:
             cur = conn.cursor()
