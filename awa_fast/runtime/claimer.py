@@ -106,6 +106,7 @@ class Claimer:
                       "snoozed": 0, "stale": 0, "claim_calls": 0, "empty_claims": 0, "batches": 0}
         self._pickup: list[float] = []
         self._e2e: list[float] = []
+        self._stats_lock = threading.Lock()  # claim loop and batcher thread both count
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -179,11 +180,11 @@ class Claimer:
                     self._stopping.wait(backoff)
                     backoff = min(backoff * 2, 5.0)
                     continue
-                self.stats["claim_calls"] += 1
+                self._count("claim_calls", 1)
                 if snaps:
                     self._dispatch(snaps)
                     continue
-                self.stats["empty_claims"] += 1
+                self._count("empty_claims", 1)
             self._publish()
             if os.getppid() != self._parent:
                 log.error("supervisor %d is gone; draining", self._parent, extra={"action": "orphaned"})
@@ -211,7 +212,7 @@ class Claimer:
             self.claimed_at[key] = now
             jobs.append(job)
         n = len(jobs)
-        self.stats["claimed"] += n
+        self._count("claimed", n)
         with self._count_lock:
             self._outstanding += n
         unknown = [j for j in jobs if j.kind not in self.registry]
@@ -364,10 +365,15 @@ class Claimer:
 
     # -- after a flush --------------------------------------------------------------------
 
+    def _count(self, key: str, n: int) -> None:
+        with self._stats_lock:
+            self.stats[key] += n
+
     def _flushed(self, report: FlushReport) -> None:
-        st = self.stats
-        st["batches"] += 1
-        e2e = self._e2e
+        st = dict.fromkeys(self.stats, 0)
+        st["batches"] = 1
+        e2e: list[float] = []
+        pickup: list[float] = []
         for job, outcome in report.jobs:
             key = (job.id, job.run_lease)
             self.held.pop(key, None)
@@ -395,7 +401,12 @@ class Claimer:
             created = job.snapshot.created_at.timestamp()
             e2e.append(report.committed_at - created)
             if job.started_at:
-                self._pickup.append(job.started_at - created)
+                pickup.append(job.started_at - created)
+        with self._stats_lock:
+            for k, v in st.items():
+                self.stats[k] += v
+            self._e2e.extend(e2e)
+            self._pickup.extend(pickup)
         if report.stale:
             log.info("%d stale outcomes rejected (attempt rescued or closed elsewhere)", len(report.stale),
                      extra={"action": "stale_outcomes"})
@@ -404,15 +415,14 @@ class Claimer:
     def _publish(self) -> None:
         if self.shm is None:
             return
-        st = self.stats
-        self.shm.add(**{k: st[k] for k in st})
-        for k in st:
-            st[k] = 0
-        if self._pickup:
+        with self._stats_lock:
+            st, self.stats = self.stats, dict.fromkeys(self.stats, 0)
             pickup, self._pickup = self._pickup, []
-            self.shm.observe_latency("pickup", pickup)
-        if self._e2e:
             e2e, self._e2e = self._e2e, []
+        self.shm.add(**st)
+        if pickup:
+            self.shm.observe_latency("pickup", pickup)
+        if e2e:
             self.shm.observe_latency("e2e", e2e)
         self.shm.set_in_flight(self._outstanding)
         self.shm.heartbeat()
