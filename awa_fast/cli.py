@@ -147,7 +147,8 @@ def cmd_supervise(args: argparse.Namespace) -> int:
     schema = args.schema if args.schema_given else app.storage.schema
     config = SupervisorConfig(args.app, dsn, schema, tuple(specs), drain_timeout=args.drain_timeout,
                               maintenance=not args.no_maintenance, poll_interval=args.poll_interval,
-                              heartbeat_interval=args.heartbeat_interval, home=str(_home(args)),
+                              heartbeat_interval=args.heartbeat_interval, listen=not args.no_listen,
+                              home=str(_home(args)),
                               maintenance_config={"election_interval": args.election_interval,
                                                   "rescue_interval": args.rescue_interval})
     return Supervisor(config).run()
@@ -283,6 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--election-interval", type=float, default=1.0, help="standby leader election period (s)")
     sp.add_argument("--rescue-interval", type=float, default=1.0, help="leader rescue scan period (s)")
     sp.add_argument("--no-maintenance", action="store_true", help="run no maintenance process here")
+    sp.add_argument("--no-listen", action="store_true",
+                    help="poll only, no LISTEN/NOTIFY (e.g. behind a transaction-pooling proxy)")
     sp.set_defaults(func=cmd_supervise)
 
     sp = sub.add_parser("status", help="queues, claimers, rings and the leader")

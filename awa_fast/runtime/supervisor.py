@@ -88,6 +88,7 @@ class SupervisorConfig:
     maintenance: bool = True
     poll_interval: float = 1.0
     heartbeat_interval: float = 5.0
+    listen: bool = True  # False: poll only (e.g. behind a transaction-pooling proxy)
     home: str | None = None
     maintenance_config: dict[str, Any] = field(default_factory=dict)
 
@@ -160,7 +161,7 @@ class Supervisor:
             for stripe in range(q.stripes):
                 ccfg = ClaimerConfig(cfg.dsn, cfg.schema, q.name, stripe, q.stripes, q.concurrency, q.claim_batch,
                                      cfg.poll_interval, heartbeat_interval=cfg.heartbeat_interval,
-                                     drain_timeout=cfg.drain_timeout)
+                                     drain_timeout=cfg.drain_timeout, listen=cfg.listen)
                 self._children.append(_Child(f"claimer {q.name}#{stripe}", claimer_main,
                                              (cfg.app_ref, ccfg, shm_name, index)))
                 index += 1
