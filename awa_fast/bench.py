@@ -652,9 +652,9 @@ def bench_concurrent_insert(args: argparse.Namespace, dsn: str, schema: str,
     bar = Progress("insert", seconds, "s")
     while time.time() < stop_at:
         bar.update(time.time() - start_at)
-        time.sleep(0.05)
+        time.sleep(min(0.05, max(0.0, stop_at - time.time())))
+    cpu_res = cpu.stop()  # now, while the producers' backends still exist
     results = [out.get(timeout=60) for _ in procs]
-    cpu_res = cpu.stop()
     bar.close()
     for pr in procs:
         pr.join(10)

@@ -322,6 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--stripes", type=int, default=2)
     sp.add_argument("--batch", type=int, default=1024)
     sp.add_argument("--producers", type=int, default=10)
+    sp.add_argument("--save", action="store_true", help="also write the JSON to perf/results/")
+    sp.add_argument("--reclaim-seconds", type=float, default=None, help="pinned-reader: reclaim wait after unpin")
     common(sp)
     sp.set_defaults(func=cmd_bench)
     return p

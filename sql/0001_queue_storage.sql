@@ -42,7 +42,7 @@ CREATE TABLE __SCHEMA__.queue_meta (
     queue              text PRIMARY KEY,
     paused             boolean  NOT NULL DEFAULT false,
     stripes            int      NOT NULL DEFAULT 1 CHECK (stripes BETWEEN 1 AND 64),
-    enqueue_shards     int      NOT NULL DEFAULT 4 CHECK (enqueue_shards BETWEEN 1 AND 64),
+    enqueue_shards     int      NOT NULL DEFAULT 8 CHECK (enqueue_shards BETWEEN 1 AND 64),
     dlq_enabled        boolean  NOT NULL DEFAULT true,
     deadline           interval,                                  -- NULL: no per-attempt deadline
     heartbeat_timeout  interval NOT NULL DEFAULT interval '30 seconds',

@@ -21,11 +21,14 @@ $$;
 
 -- Current slot of a ring: the newest row of the rotation ledger.
 -- Index: ring_rotations primary key (ring, generation).
+-- PL/pgSQL rather than SQL so its plan is cached (a non-inlinable SQL
+-- function is planned again on every call, twice per claim).
 CREATE FUNCTION __SCHEMA__.ring_current(p_ring text) RETURNS int
-LANGUAGE sql STABLE AS $$
-    SELECT slot FROM __SCHEMA__.ring_rotations
-    WHERE ring = p_ring ORDER BY generation DESC LIMIT 1
-$$;
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (SELECT slot FROM __SCHEMA__.ring_rotations
+            WHERE ring = p_ring ORDER BY generation DESC LIMIT 1);
+END $$;
 
 -- Create ring children and the generation-0 ledger rows (install time).
 CREATE FUNCTION __SCHEMA__.ring_install(p_ready int, p_claim int, p_lease int) RETURNS void
@@ -130,7 +133,7 @@ BEGIN
     SELECT m.enqueue_shards INTO v_shards FROM __SCHEMA__.queue_meta m WHERE m.queue = p_queue;
     IF NOT FOUND THEN
         PERFORM __SCHEMA__.queue_ensure_nowait(p_queue);
-        v_shards := 4;  -- queue_meta.enqueue_shards default
+        v_shards := 8;  -- queue_meta.enqueue_shards default
     END IF;
     v_start := abs(p_hint) % v_shards;
     FOR i IN 0 .. v_shards - 1 LOOP
@@ -197,17 +200,31 @@ CREATE FUNCTION __SCHEMA__.lane_reserve(p_queue text, p_priority int, p_count in
 LANGUAGE plpgsql AS $$
 DECLARE
     v_seq regclass;
+    v_before bigint;
+    v_claimed bigint;
 BEGIN
     SELECT l.lane_id, l.enqueue_seq INTO lane_id, v_seq
     FROM __SCHEMA__.lane_lock_for_enqueue(p_queue, p_priority, p_hint) l;
     ready_slot := __SCHEMA__.ring_current('ready');
+    v_before := pg_sequence_last_value(v_seq);
     first_seq := nextval(v_seq);
     IF p_count > 1 THEN
         PERFORM setval(v_seq, first_seq + p_count - 1, true);
     END IF;
     INSERT INTO __SCHEMA__.ready_segments (ready_slot, lane_id, first_seq, last_seq)
     VALUES (lane_reserve.ready_slot, lane_reserve.lane_id, first_seq, first_seq + p_count - 1);
-    PERFORM pg_notify(__SCHEMA__.notify_channel(), p_queue);
+    -- Wake claimers only when this lane had nothing left to claim: with a
+    -- backlog they are busy and come back for more on their own. A NOTIFY
+    -- takes a database-wide lock from pre-commit to the end of commit, so
+    -- notifying every enqueue would serialize concurrent producers' commits.
+    SELECT greatest(pg_sequence_last_value(h.claim_seq),
+                    (SELECT max(c.last_seq) FROM __SCHEMA__.lease_claims c
+                     WHERE c.lane_id = h.lane_id AND c.last_seq > pg_sequence_last_value(h.claim_seq)))
+    INTO v_claimed
+    FROM __SCHEMA__.queue_claim_heads h WHERE h.lane_id = lane_reserve.lane_id;
+    IF v_before <= COALESCE(v_claimed, 0) THEN
+        PERFORM pg_notify(__SCHEMA__.notify_channel(), p_queue);
+    END IF;
 END $$;
 
 -- Append one runnable row for an existing job (promote, rescue, resume,

@@ -157,6 +157,10 @@ class Claimer:
             self._claim_conn = connect(self.config.dsn,
                                        application_name=f"awa_fast:claimer:{self.config.queue}#{self.config.stripe}")
             use_raw_jsonb(self._claim_conn)
+            # A claim need not wait for its fsync: if a crash loses it, the rows
+            # are claimed again (at-least-once), and WAL order keeps any later
+            # durable write (cursor advance, completion) behind it.
+            self._claim_conn.execute("SET synchronous_commit = off")
         return self._claim_conn
 
     def _claim_loop(self) -> None:
