@@ -1,0 +1,162 @@
+"""pgqueuer driver for the standard scenarios (runs in perf/peers/.venvs/pgqueuer).
+
+Fastest documented path: asyncpg driver; bulk enqueue = one ``Queries.enqueue``
+call with lists (unnest insert); workers = ``QueueManager.run(batch_size=B)``,
+``mode=drain`` for the drain (returns after its completion-log buffer has been
+flushed, so that return is the last durable completion). Completion = the
+job row deleted and a ``pgqueuer_log`` row written, buffered per worker
+(flushed at ``batch_size`` items or on the buffer timeout).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from datetime import timedelta
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+import asyncpg  # noqa: E402
+from pgqueuer.db import AsyncpgDriver  # noqa: E402
+from pgqueuer.qm import QueueManager  # noqa: E402
+from pgqueuer.queries import Queries  # noqa: E402
+from pgqueuer.types import QueueExecutionMode  # noqa: E402
+
+ENTRY = "bench_noop"
+PAYLOAD = b'{"n": 1}'
+
+
+async def fresh(dsn: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    q = Queries(AsyncpgDriver(conn))
+    try:
+        await q.uninstall()
+    except Exception:  # noqa: BLE001 - not installed yet
+        pass
+    await q.install()
+    await conn.close()
+
+
+async def bulk(dsn: str, n: int, chunk: int = 50_000) -> float:
+    conn = await asyncpg.connect(dsn)
+    q = Queries(AsyncpgDriver(conn))
+    t0 = time.perf_counter()
+    for start in range(0, n, chunk):
+        k = min(chunk, n - start)
+        await q.enqueue([ENTRY] * k, [PAYLOAD] * k, [0] * k)
+    s = time.perf_counter() - t0
+    await conn.close()
+    return s
+
+
+async def worker(args) -> None:  # noqa: ANN001
+    conn = await asyncpg.connect(args.dsn)
+    qm = QueueManager(Queries(AsyncpgDriver(conn)))
+    records: list = []
+
+    @qm.entrypoint(ENTRY)
+    async def handle(job) -> None:  # noqa: ANN001
+        records.append((job.id, time.time()))
+
+    async def watch() -> None:
+        while not common.stop_requested(args.stop_file):
+            await asyncio.sleep(0.05)
+        qm.shutdown.set()
+
+    mode = QueueExecutionMode.drain if args.mode == "drain" else QueueExecutionMode.continuous
+    watcher = asyncio.create_task(watch())
+    await qm.run(batch_size=args.batch or 50, mode=mode, dequeue_timeout=timedelta(seconds=30))
+    end = time.time()
+    watcher.cancel()
+    common.write_records(args.out, records + [("__end__", end)])
+    await conn.close()
+
+
+def producer(dsn: str, window, ready) -> tuple[int, list[float]]:  # noqa: ANN001
+    async def run() -> tuple[int, list[float]]:
+        conn = await asyncpg.connect(dsn)
+        q = Queries(AsyncpgDriver(conn))
+        await q.enqueue(ENTRY, PAYLOAD, 0)
+        ready.put(os.getpid())
+        _, stop_at = common.wait_window(window)
+        n, lat = 0, []
+        while True:
+            t0 = time.time()
+            if t0 >= stop_at:
+                break
+            await q.enqueue(ENTRY, PAYLOAD, 0)  # autocommit: one transaction per job
+            t1 = time.time()
+            if t1 <= stop_at:
+                n += 1
+                lat.append(t1 - t0)
+        await conn.close()
+        return n, lat
+
+    return asyncio.run(run())
+
+
+def main() -> int:
+    args = common.parser("pgqueuer").parse_args()
+    if args.scenario == "worker":
+        asyncio.run(worker(args))
+        return 0
+    asyncio.run(fresh(args.dsn))
+    settings = {"driver": "asyncpg", "batch_size": args.batch or 50, "procs": args.procs}
+    if args.scenario == "bulk-enqueue":
+        s = asyncio.run(bulk(args.dsn, args.jobs))
+        res = {"jobs": args.jobs, "seconds": round(s, 4), "jobs_per_s": round(args.jobs / s, 1),
+               "enqueue_jobs_per_s": round(args.jobs / s, 1), "method": "Queries.enqueue(lists), 50k per call"}
+    elif args.scenario == "concurrent-insert":
+        res = common.concurrent_insert(producer, args.dsn, args.producers, args.seconds)
+        res["method"] = "Queries.enqueue(one job) on its own asyncpg connection (autocommit) per process"
+    elif args.scenario == "drain":
+        es = asyncio.run(bulk(args.dsn, args.jobs))
+        tmp = tempfile.mkdtemp(prefix="peer-pgq-")
+        outs = [os.path.join(tmp, f"w{i}.json") for i in range(args.procs)]
+        procs = [common.spawn_worker(__file__, args, "drain", o) for o in outs]
+        for p in procs:
+            p.wait(timeout=600)
+        recs = common.read_records(outs)
+        starts = [t for k, t in recs if k != "__end__"]
+        ends = [t for k, t in recs if k == "__end__"]
+        secs = max(ends) - min(starts)
+        res = {"jobs": len(starts), "seconds": round(secs, 4), "jobs_per_s": round(len(starts) / secs, 1),
+               "enqueue_jobs_per_s": round(args.jobs / es, 1), "handled": len(starts),
+               "method": "first handler start -> last worker's run(mode=drain) return (log buffer flushed)"}
+    else:  # latency
+        tmp = tempfile.mkdtemp(prefix="peer-pgq-")
+        out, stop = os.path.join(tmp, "w.json"), os.path.join(tmp, "stop")
+        w = common.spawn_worker(__file__, args, "serve", out, stop)
+        time.sleep(3.0)  # worker connected and idle-waiting
+
+        async def produce() -> tuple[dict, float]:
+            conn = await asyncpg.connect(args.dsn)
+            q = Queries(AsyncpgDriver(conn))
+
+            async def one(i: int) -> int:
+                return int((await q.enqueue(ENTRY, PAYLOAD, 0))[0])
+
+            r = await common.steady(args.rate, args.seconds, one)
+            await conn.close()
+            return r
+
+        sent, elapsed = asyncio.run(produce())
+        time.sleep(2.0)  # let the completion-log buffer flush
+        open(stop, "w").close()
+        w.wait(timeout=60)
+        starts = {k: t for k, t in common.read_records([out]) if k != "__end__"}
+
+        done, how = common.done_times(args.dsn, "pgqueuer_log", "job_id", "created", "status = 'successful'")
+        res = common.latency_summary(sent, starts, done, elapsed)
+        res["method"] = f"pickup: handler start - enqueue ack; e2e: pgqueuer_log 'successful' row, {how} - enqueue ack"
+    res.update({"peer": "pgqueuer", "scenario": args.scenario, "settings": settings})
+    common.emit(res)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
