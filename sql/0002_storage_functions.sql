@@ -213,16 +213,18 @@ BEGIN
     END IF;
     INSERT INTO __SCHEMA__.ready_segments (ready_slot, lane_id, first_seq, last_seq)
     VALUES (lane_reserve.ready_slot, lane_reserve.lane_id, first_seq, first_seq + p_count - 1);
-    -- Wake claimers only when this lane had nothing left to claim: with a
-    -- backlog they are busy and come back for more on their own. A NOTIFY
-    -- takes a database-wide lock from pre-commit to the end of commit, so
-    -- notifying every enqueue would serialize concurrent producers' commits.
+    -- Wake claimers unless this lane already had a real backlog (64 rows
+    -- or more not covered by any committed receipt): then claimers are busy
+    -- and come back for more on their own. A small backlog may be a claim
+    -- still in flight, which can miss this row, so it is notified too. A
+    -- NOTIFY takes a database-wide lock from pre-commit to the end of
+    -- commit: notifying every enqueue serializes concurrent producers.
     SELECT greatest(pg_sequence_last_value(h.claim_seq),
                     (SELECT max(c.last_seq) FROM __SCHEMA__.lease_claims c
                      WHERE c.lane_id = h.lane_id AND c.last_seq > pg_sequence_last_value(h.claim_seq)))
     INTO v_claimed
     FROM __SCHEMA__.queue_claim_heads h WHERE h.lane_id = lane_reserve.lane_id;
-    IF v_before <= COALESCE(v_claimed, 0) THEN
+    IF v_before - COALESCE(v_claimed, 0) < 64 THEN
         PERFORM pg_notify(__SCHEMA__.notify_channel(), p_queue);
     END IF;
 END $$;
