@@ -148,6 +148,7 @@ def cmd_supervise(args: argparse.Namespace) -> int:
     config = SupervisorConfig(args.app, dsn, schema, tuple(specs), drain_timeout=args.drain_timeout,
                               maintenance=not args.no_maintenance, poll_interval=args.poll_interval,
                               heartbeat_interval=args.heartbeat_interval, listen=not args.no_listen,
+                              io_timeout=args.io_timeout,
                               home=str(_home(args)),
                               maintenance_config={"election_interval": args.election_interval,
                                                   "rescue_interval": args.rescue_interval})
@@ -284,6 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--election-interval", type=float, default=1.0, help="standby leader election period (s)")
     sp.add_argument("--rescue-interval", type=float, default=1.0, help="leader rescue scan period (s)")
     sp.add_argument("--no-maintenance", action="store_true", help="run no maintenance process here")
+    sp.add_argument("--io-timeout", type=float, default=10.0,
+                    help="a claim, completion flush or LISTEN ping unanswered this long (s) is a dead connection")
     sp.add_argument("--no-listen", action="store_true",
                     help="poll only, no LISTEN/NOTIFY (e.g. behind a transaction-pooling proxy)")
     sp.set_defaults(func=cmd_supervise)

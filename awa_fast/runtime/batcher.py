@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import psycopg
 
+from awa_fast.errors import DatabaseUnavailable
 from awa_fast.jobs import Job
 from awa_fast.storage import CLOSE_COMPLETE, Storage, connect
 
@@ -79,6 +80,9 @@ class CompletionBatcher:
         self._conn: psycopg.Connection | None = None
         self.flushes = 0
         self.dropped = 0  # outcomes that could not be written (their attempts get rescued)
+        self.died = False
+        self._on_death: Callable[[], None] | None = None
+        self.flush_started: float | None = None  # monotonic start of the flush in progress (watchdog)
 
     # -- producer side (claimer and handler threads) ----------------------------
 
@@ -110,6 +114,17 @@ class CompletionBatcher:
     # -- the batcher thread ----------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException:
+            # Without its batcher a claimer must not keep claiming: it exits
+            # and its open attempts are rescued.
+            log.exception("completion batcher died", extra={"action": "batcher_died"})
+            self.died = True
+            if self._on_death is not None:
+                self._on_death()
+
+    def _loop(self) -> None:
         stopping = False
         while not stopping:
             item = self._q.get()
@@ -144,7 +159,7 @@ class CompletionBatcher:
             try:
                 self._flush(batch)
                 return
-            except psycopg.OperationalError as exc:
+            except (psycopg.OperationalError, DatabaseUnavailable) as exc:
                 log.warning("completion flush of %d outcomes failed (%s); retrying in %.2fs",
                             len(batch), str(exc).strip().splitlines()[0] if str(exc) else exc, delay,
                             extra={"action": "batcher_retry"})
@@ -185,6 +200,17 @@ class CompletionBatcher:
     def _flush(self, batch: list[tuple[Job, Outcome]]) -> None:
         t0 = time.perf_counter()
         conn = self._connection()
+        self.flush_started = time.monotonic()
+        try:
+            self._flush_on(conn, batch, t0)
+        finally:
+            self.flush_started = None
+
+    def connection(self) -> psycopg.Connection | None:
+        """The batcher's connection, if open (for the watchdog)."""
+        return self._conn
+
+    def _flush_on(self, conn: psycopg.Connection, batch: list[tuple[Job, Outcome]], t0: float) -> None:
         completes = []
         others = []
         per_receipt: dict[int, list[int]] = {}  # claim_id -> [completions, all]

@@ -23,7 +23,7 @@ from typing import Any
 
 import psycopg
 
-from awa_fast.errors import TerminalError
+from awa_fast.errors import DatabaseUnavailable, TerminalError
 from awa_fast.jobs import Cancel, ClaimSnapshot, Job, JobSpec, RetryAfter, Snooze, WaitForCallback
 from awa_fast.runtime.batcher import RELEASE, BatcherConfig, CompletionBatcher, FlushReport, Outcome
 from awa_fast.runtime.heartbeat import Heartbeat, HeartbeatConfig
@@ -59,6 +59,10 @@ class ClaimerConfig:
     heartbeat_interval: float = 5.0
     drain_timeout: float = 30.0
     listen: bool = True
+    # A claim, a completion flush or a LISTEN ping that gets no answer for this
+    # long is taken as a half-open connection: its socket is shut down, which
+    # turns the hang into an error the loops already recover from.
+    io_timeout: float = 10.0  # the LISTEN connection is pinged every io_timeout / 2
 
 
 def error_text(exc: BaseException | str) -> str:
@@ -91,6 +95,10 @@ class Claimer:
             self.held, self.claimed_at, self.stateful)
         self._stopping = threading.Event()
         self._wake = threading.Event()
+        self.batcher._on_death = self._batcher_died
+        self.heartbeat.watchdog = self._watchdog
+        self._claim_started: float | None = None
+        self._ping_started: float | None = None
         self._work: queue.SimpleQueue[list[Job] | None] = queue.SimpleQueue()
         self._outstanding = 0  # claimed and not yet finished (buffered + running)
         self._count_lock = threading.Lock()
@@ -155,7 +163,8 @@ class Claimer:
     def _claim_connection(self) -> psycopg.Connection:
         if self._claim_conn is None or self._claim_conn.closed:
             self._claim_conn = connect(self.config.dsn,
-                                       application_name=f"awa_fast:claimer:{self.config.queue}#{self.config.stripe}")
+                                       application_name=f"awa_fast:claimer:{self.config.queue}#{self.config.stripe}",
+                                       connect_timeout=int(self.config.io_timeout + 0.999))
             use_raw_jsonb(self._claim_conn)
             # A claim need not wait for its fsync: if a crash loses it, the rows
             # are claimed again (at-least-once), and WAL order keeps any later
@@ -173,10 +182,15 @@ class Claimer:
             free = target - self._outstanding
             if free >= min(cfg.claim_batch, 32) or (free > 0 and self._outstanding < cfg.concurrency):
                 try:
-                    snaps = self.storage.lane_claim(self._claim_connection(), cfg.queue,
-                                                    min(free, cfg.claim_batch), cfg.stripe, cfg.stripes)
+                    conn = self._claim_connection()
+                    self._claim_started = time.monotonic()
+                    try:
+                        snaps = self.storage.lane_claim(conn, cfg.queue, min(free, cfg.claim_batch),
+                                                        cfg.stripe, cfg.stripes)
+                    finally:
+                        self._claim_started = None
                     backoff = 0.05
-                except psycopg.OperationalError as exc:
+                except (psycopg.OperationalError, DatabaseUnavailable) as exc:
                     log.warning("claim on %s failed: %s; reconnecting in %.2fs", cfg.queue,
                                 str(exc).strip().splitlines()[0] if str(exc) else exc, backoff,
                                 extra={"action": "claim_error"})
@@ -437,16 +451,27 @@ class Claimer:
         backoff = 0.1
         while not self._stopping.is_set():
             try:
-                conn = connect(self.config.dsn, application_name=f"awa_fast:listen:{self.config.queue}")
+                conn = connect(self.config.dsn, application_name=f"awa_fast:listen:{self.config.queue}",
+                               connect_timeout=int(self.config.io_timeout + 0.999))
                 self._listen_conn = conn
                 conn.execute(f'LISTEN "{self.storage.channel}"')
                 backoff = 0.1
                 self._wake.set()  # poll once after every (re)LISTEN: wakeups may have been missed
+                last_ping = time.monotonic()
                 while not self._stopping.is_set():
                     for note in conn.notifies(timeout=1.0):
                         if note.payload == self.config.queue:
                             self._wake.set()
-            except psycopg.Error as exc:
+                    if time.monotonic() - last_ping >= max(0.5, self.config.io_timeout / 2):
+                        # a half-open socket delivers no notification and no
+                        # error: only an answer proves the connection alive
+                        self._ping_started = time.monotonic()
+                        try:
+                            conn.execute("SELECT 1")
+                        finally:
+                            self._ping_started = None
+                        last_ping = time.monotonic()
+            except (psycopg.Error, DatabaseUnavailable) as exc:
                 if self._stopping.is_set():
                     return
                 log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, backoff,
@@ -460,6 +485,24 @@ class Claimer:
                     except Exception:  # noqa: BLE001
                         pass
                     self._listen_conn = None
+
+    # -- hang detection and batcher death ------------------------------------------------
+
+    def _watchdog(self) -> None:
+        """Shut down the socket of a claim, flush or LISTEN ping that hangs (half-open peer)."""
+        now = time.monotonic()
+        limit = self.config.io_timeout
+        checks = [(self._claim_started, self._claim_conn, "claim", limit),
+                  (self.batcher.flush_started, self.batcher.connection(), "completion flush", limit),
+                  (self._ping_started, self._listen_conn, "LISTEN ping", limit)]
+        for started, conn, what, allowed in checks:
+            if started is not None and conn is not None and now - started > allowed:
+                log.error("%s has had no answer for %.0fs: closing its connection", what, now - started,
+                          extra={"action": "io_timeout"})
+                _shutdown_socket(conn)
+
+    def _batcher_died(self) -> None:
+        self.stop()
 
     # -- drain ---------------------------------------------------------------------------------
 
@@ -498,10 +541,30 @@ class Claimer:
         self._set_state("stopped")
         log.info("claimer %s#%d drained (handed back %d unstarted jobs, clean=%s)", cfg.queue, cfg.stripe,
                  handed_back, clean and flushed, extra={"action": "drain_done"})
+        if self.batcher.died:
+            log.error("the completion batcher died; exiting so the attempts are rescued",
+                      extra={"action": "batcher_died"})
+            return 1
         if self.batcher.dropped:
             log.error("%d outcomes could not be written; their attempts will be rescued",
                       self.batcher.dropped, extra={"action": "drain_dropped"})
         return 0 if clean and flushed and not self.batcher.dropped else 1
+
+
+def _shutdown_socket(conn: psycopg.Connection) -> None:
+    import socket
+
+    try:
+        dup = socket.fromfd(conn.fileno(), socket.AF_UNIX if conn.info.host.startswith("/") else socket.AF_INET,
+                            socket.SOCK_STREAM)
+    except (OSError, psycopg.Error):
+        return
+    try:
+        dup.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        dup.close()
 
 
 def _seconds(value: object) -> float:

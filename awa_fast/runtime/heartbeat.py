@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import psycopg
 
+from awa_fast.errors import DatabaseUnavailable
 from awa_fast.jobs import Job
 from awa_fast.storage import RawJson, Storage, connect
 
@@ -53,6 +54,7 @@ class Heartbeat:
         self._on_gil_stall = on_gil_stall
         self._conn: psycopg.Connection | None = None
         self._thread = threading.Thread(target=self._run, name="awa-heartbeat", daemon=True)
+        self.watchdog: Callable[[], None] | None = None  # run every tick (claimer's hang detection)
         self.sent = 0
         self.stale = 0
         self.gil_stalls = 0
@@ -97,7 +99,7 @@ class Heartbeat:
             if self._conn is None or self._conn.closed:
                 self._conn = connect(self.config.dsn, application_name=self.config.application_name)
             results = self.storage.attempt_heartbeat(self._conn, [j.snapshot for j in jobs], progress)
-        except psycopg.Error as exc:
+        except (psycopg.Error, DatabaseUnavailable) as exc:
             log.warning("heartbeat of %d attempts failed: %s", len(jobs), exc, extra={"action": "heartbeat_error"})
             if self._conn is not None:
                 self._conn.close()
@@ -106,8 +108,10 @@ class Heartbeat:
                 for key, job in dirty.items():
                     self._dirty.setdefault(key, job)
             return 0
-        for job, r in zip(jobs, results, strict=True):
-            key = (job.id, job.run_lease)
+        by_key = {(j.id, j.run_lease): j for j in jobs}
+        for r in results:  # results come back in lock order, not input order
+            key = (r.job_id, r.run_lease)
+            job = by_key[key]
             if r.status == "stale":
                 self.stale += 1
             else:
@@ -133,4 +137,6 @@ class Heartbeat:
                     self._on_gil_stall(late)
             if self._stop.is_set():
                 break
+            if self.watchdog is not None:
+                self.watchdog()
             self.run_once()

@@ -23,6 +23,7 @@ from typing import Any
 
 import psycopg
 
+from awa_fast.errors import DatabaseUnavailable
 from awa_fast.storage import Storage, connect
 from awa_fast.storage.schema import render
 
@@ -82,7 +83,7 @@ class Maintenance:
                 self._conn = connect(self.config.dsn, application_name=f"awa_fast:maintenance:{self.config.schema}")
             row = self._conn.execute(render("SELECT pg_try_advisory_lock(__SCHEMA__.lock_key('leader'), 0)",
                                             self.config.schema)).fetchone()
-        except psycopg.Error as exc:
+        except (psycopg.Error, DatabaseUnavailable) as exc:
             log.warning("leader election failed: %s", exc, extra={"action": "election_error"})
             self._drop_connection()
             return False
@@ -233,7 +234,7 @@ class Maintenance:
                     continue
             try:
                 self.run_once()
-            except psycopg.OperationalError as exc:
+            except (psycopg.OperationalError, DatabaseUnavailable) as exc:
                 log.warning("maintenance connection lost (%s); leadership dropped", exc,
                             extra={"action": "maintenance_error"})
                 self._drop_connection()

@@ -89,6 +89,7 @@ class SupervisorConfig:
     poll_interval: float = 1.0
     heartbeat_interval: float = 5.0
     listen: bool = True  # False: poll only (e.g. behind a transaction-pooling proxy)
+    io_timeout: float = 10.0  # an unanswered claim/flush/LISTEN ping this long means a dead connection
     home: str | None = None
     maintenance_config: dict[str, Any] = field(default_factory=dict)
 
@@ -138,6 +139,10 @@ class Supervisor:
         conn = connect(self.config.dsn, application_name="awa_fast:supervisor")
         try:
             storage.schema_check(conn)
+            row = conn.execute("SHOW wal_level").fetchone()
+            if row and row[0] == "minimal":
+                raise ConfigError("wal_level=minimal can rewind a new lane's cursor sequence after a crash "
+                                  "(jobs stranded or enqueued twice): set wal_level=replica and restart PostgreSQL")
             for q in self.config.queues:
                 storage.queue_ensure(conn, q.name)
         finally:
@@ -161,7 +166,8 @@ class Supervisor:
             for stripe in range(q.stripes):
                 ccfg = ClaimerConfig(cfg.dsn, cfg.schema, q.name, stripe, q.stripes, q.concurrency, q.claim_batch,
                                      cfg.poll_interval, heartbeat_interval=cfg.heartbeat_interval,
-                                     drain_timeout=cfg.drain_timeout, listen=cfg.listen)
+                                     drain_timeout=cfg.drain_timeout, listen=cfg.listen,
+                                     io_timeout=cfg.io_timeout)
                 self._children.append(_Child(f"claimer {q.name}#{stripe}", claimer_main,
                                              (cfg.app_ref, ccfg, shm_name, index)))
                 index += 1

@@ -502,13 +502,15 @@ def clean_text(text: str | None, limit: int = 8192) -> str | None:
 
 
 def connect(dsn: str, *, application_name: str = "awa_fast", autocommit: bool = True,
-            **kwargs: Any) -> psycopg.Connection:
+            connect_timeout: int = 10, **kwargs: Any) -> psycopg.Connection:
     """Open a connection, mapping connection failures to :class:`DatabaseUnavailable`.
 
-    The message never contains the password of the DSN.
+    ``connect_timeout`` (seconds, at least 2) bounds a connection attempt to a
+    silent peer. The message never contains the password of the DSN.
     """
     try:
-        return psycopg.connect(dsn, autocommit=autocommit, application_name=application_name, **kwargs)
+        return psycopg.connect(dsn, autocommit=autocommit, application_name=application_name,
+                               connect_timeout=max(2, int(connect_timeout)), **kwargs)
     except psycopg.OperationalError as exc:
         raise DatabaseUnavailable(f"cannot connect to PostgreSQL at {redact_dsn(dsn)}: "
                                   f"{_first_line(exc)}; check the DSN and that the server runs") from None
