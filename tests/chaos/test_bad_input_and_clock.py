@@ -45,20 +45,6 @@ SECRET = "Pa55-w0rd-chaos"
 BAD_MODES = ["raise_nul", "raise_big", "terminal_nul", "raise_unprintable", "garbage", "garbage_int"]
 
 
-@pytest.fixture(scope="module")
-def pg(tmp_path_factory):
-    cc = start_cluster(tmp_path_factory.mktemp("pg-bad"))
-    yield cc
-    cc.stop()
-
-
-@pytest.fixture
-def obs(pg):
-    c = pg.connect()
-    yield c
-    c.close()
-
-
 def _run_bad_handlers(pg, obs, tmp_path, modes: list[str], kind: str) -> dict:
     schema = new_schema(pg.dsn, "bad")
     try:

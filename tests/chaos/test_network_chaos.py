@@ -33,13 +33,6 @@ from tests.chaos.proxy import ChaosProxy
 SECRET = "s3cr3t-Chaos-pw"
 
 
-@pytest.fixture(scope="module")
-def pg(tmp_path_factory):
-    cc = start_cluster(tmp_path_factory.mktemp("pg-net"))
-    yield cc
-    cc.stop()
-
-
 @pytest.fixture
 def proxy(pg):
     p = ChaosProxy("127.0.0.1", pg.port, max_lifetime=300).start()
@@ -52,13 +45,6 @@ def schema(pg):
     s = new_schema(pg.dsn, "net")
     yield s
     drop_schema(pg.dsn, s)
-
-
-@pytest.fixture
-def obs(pg):
-    c = pg.connect()
-    yield c
-    c.close()
 
 
 def _sup(proxy, schema, tmp_path, **kw) -> Supervise:

@@ -39,20 +39,6 @@ from tests.chaos.chaos_helpers import (
 )
 
 
-@pytest.fixture(scope="module")
-def pg(tmp_path_factory):
-    cc = start_cluster(tmp_path_factory.mktemp("pg-kills"))
-    yield cc
-    cc.stop()
-
-
-@pytest.fixture
-def obs(pg):
-    c = pg.connect()
-    yield c
-    c.close()
-
-
 @pytest.fixture
 def schema(pg):
     s = new_schema(pg.dsn, "kills")

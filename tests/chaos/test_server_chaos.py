@@ -40,13 +40,6 @@ from tests.chaos.chaos_helpers import (
 )
 
 
-@pytest.fixture(scope="module")
-def pg(tmp_path_factory):
-    cc = start_cluster(tmp_path_factory.mktemp("pg-server"))
-    yield cc
-    cc.stop()
-
-
 @pytest.fixture
 def schema(pg):
     s = new_schema(pg.dsn, "srv")
