@@ -26,7 +26,7 @@ import psycopg
 
 from awa_fast.errors import DatabaseUnavailable
 from awa_fast.jobs import Job
-from awa_fast.storage import CLOSE_COMPLETE, Storage, connect
+from awa_fast.storage import CLOSE_COMPLETE, Storage, close_quietly, connect
 
 log = logging.getLogger("awa_fast.batcher")
 
@@ -163,12 +163,8 @@ class CompletionBatcher:
                 log.warning("completion flush of %d outcomes failed (%s); retrying in %.2fs",
                             len(batch), str(exc).strip().splitlines()[0] if str(exc) else exc, delay,
                             extra={"action": "batcher_retry"})
-                if self._conn is not None:
-                    try:
-                        self._conn.close()
-                    except Exception:  # noqa: BLE001 - closing a broken connection
-                        pass
-                    self._conn = None
+                close_quietly(self._conn)
+                self._conn = None
                 time.sleep(delay)
                 delay = min(delay * 2, self.config.retry_backoff_max)
             except psycopg.Error as exc:

@@ -34,6 +34,7 @@ from awa_fast.storage import (
     CLOSE_SNOOZE,
     Storage,
     clean_text,
+    close_quietly,
     connect,
     use_raw_jsonb,
 )
@@ -211,12 +212,8 @@ class Claimer:
             self._wake.wait(cfg.poll_interval)
 
     def _close_claim_conn(self) -> None:
-        if self._claim_conn is not None:
-            try:
-                self._claim_conn.close()
-            except Exception:  # noqa: BLE001 - closing a broken connection
-                pass
-            self._claim_conn = None
+        close_quietly(self._claim_conn)
+        self._claim_conn = None
 
     def _dispatch(self, snaps: Sequence[ClaimSnapshot]) -> None:
         now = time.monotonic()
@@ -479,12 +476,8 @@ class Claimer:
                 self._stopping.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
             finally:
-                if self._listen_conn is not None:
-                    try:
-                        self._listen_conn.close()
-                    except Exception:  # noqa: BLE001
-                        pass
-                    self._listen_conn = None
+                close_quietly(self._listen_conn)
+                self._listen_conn = None
 
     # -- hang detection and batcher death ------------------------------------------------
 

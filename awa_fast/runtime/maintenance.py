@@ -24,7 +24,7 @@ from typing import Any
 import psycopg
 
 from awa_fast.errors import DatabaseUnavailable
-from awa_fast.storage import Storage, connect
+from awa_fast.storage import Storage, close_quietly, connect
 from awa_fast.storage.schema import render
 
 log = logging.getLogger("awa_fast.maintenance")
@@ -108,12 +108,8 @@ class Maintenance:
             log.info("maintenance leadership lost or resigned", extra={"action": "leader_lost"})
         self._leader = False
         self.leader_since = None
-        if self._conn is not None:
-            try:
-                self._conn.close()
-            except Exception:  # noqa: BLE001 - closing a broken connection
-                pass
-            self._conn = None
+        close_quietly(self._conn)
+        self._conn = None
 
     # -- services (each runs only while leading) ---------------------------------------
 

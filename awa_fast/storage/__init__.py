@@ -488,6 +488,16 @@ class Storage:
         return int(row[0]) if row and row[0] is not None else 0
 
 
+def close_quietly(conn: psycopg.Connection | None) -> None:
+    """Close a connection that may already be broken; errors while closing are moot."""
+    if conn is None:
+        return
+    try:
+        conn.close()
+    except Exception:  # noqa: BLE001 - closing a broken connection
+        pass
+
+
 def clean_text(text: str | None, limit: int = 8192) -> str | None:
     """Text PostgreSQL will store: NUL escaped, lone surrogates escaped, at most ``limit`` characters."""
     if text is None:
