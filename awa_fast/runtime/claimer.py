@@ -167,10 +167,11 @@ class Claimer:
                                        application_name=f"awa_fast:claimer:{self.config.queue}#{self.config.stripe}",
                                        connect_timeout=int(self.config.io_timeout + 0.999))
             use_raw_jsonb(self._claim_conn)
-            # A claim need not wait for its fsync: if a crash loses it, the rows
-            # are claimed again (at-least-once), and WAL order keeps any later
-            # durable write (cursor advance, completion) behind it.
-            self._claim_conn.execute("SET synchronous_commit = off")
+            # Claims commit durably (synchronous_commit stays on). A claim lost
+            # in a crash would be issued again under the same run_lease, and the
+            # first holder's late completion would then close the new attempt:
+            # the fence (job_id, run_lease) only works if every issued lease is
+            # on disk before its handler starts.
         return self._claim_conn
 
     def _claim_loop(self) -> None:

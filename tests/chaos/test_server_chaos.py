@@ -31,6 +31,7 @@ from tests.chaos.chaos_helpers import (
     our_sessions,
     pickup_latency,
     q,
+    read_exec_log,
     record_figures,
     start_cluster,
     supervisors,
@@ -93,6 +94,37 @@ def test_crash_immediate_mid_load_then_restart(pg, schema, tmp_path):
                    producer_acked=acked, producer_in_doubt=len(producer.in_doubt),
                    in_doubt_committed=doubt_committed, claimer_restarts=sup.log().count("restarting in"),
                    **figures)
+
+
+def test_crash_right_after_claims_never_reissues_a_lease(pg, schema, tmp_path):
+    """A crash just after claims were handed to handlers: no (job_id, run_lease) is issued twice.
+
+    The run_lease fence only holds if every claim is on disk before its handler
+    starts. A claim committed without waiting for its WAL flush can vanish in
+    the crash; the same job is then claimed again under the same run_lease and
+    the first holder's late completion would close the second attempt.
+    """
+    n = 40
+    enqueue_many(pg.dsn, schema, n, {"sleep": 2.0})
+    sup = Supervise(pg.dsn, schema, tmp_path, stripes=1, concurrency=n, batch=n)
+    obs = pg.connect()
+    try:
+        with supervisors(sup.start()):
+            wait_for(lambda: sum(e.what == "start" for e in read_exec_log(sup.exec_log)) >= n, 20,
+                     "every handler started", interval=0.002)
+            obs.close()
+            pg.crash()
+            pg.start()
+            obs = pg.connect()
+            wait_terminal(obs, schema, n, 60)
+            assert sup.stop() == 0, sup.log()[-3000:]
+        starts = [(e.job_id, e.run_lease) for e in read_exec_log(sup.exec_log) if e.what == "start"]
+        twice = sorted({a for a in starts if starts.count(a) > 1})
+        assert not twice, f"leases issued twice after the crash: {twice[:5]}"
+        check_invariants(obs, schema, Expect(n, {"completed": n}), sup.exec_log, sup.stale_rejected(),
+                         supervisors_stopped=True)
+    finally:
+        obs.close()
 
 
 def _diagnose(obs: psycopg.Connection, sup: Supervise, schema: str = "") -> None:
