@@ -20,10 +20,11 @@ SELECT __SCHEMA__.job_enqueue_many(%s::text, %s::int, %s::text, %s::jsonb[], %s:
 SELECT lane_id, first_seq, ready_slot FROM __SCHEMA__.lane_reserve(%s::text, %s::int, %s::int, pg_backend_pid())
 
 -- name: lane_claim
--- Claim up to N jobs of a queue for a stripe; returns claim snapshots in ClaimSnapshot field order.
+-- Claim up to N jobs of a queue for a stripe; returns claim snapshots in ClaimSnapshot field order,
+-- then possibly the backlog marker (a row with job_id NULL; see claim_batch_v2).
 SELECT job_id, run_lease, attempt, max_attempts, queue, kind, priority, args, metadata, ready_slot,
        lane_id, lane_seq, claim_slot, claim_id, created_at, errors, callback_result
-FROM __SCHEMA__.claim_batch(%s::text, %s::int, %s::int, %s::int)
+FROM __SCHEMA__.claim_batch_v2(%s::text, %s::int, %s::int, %s::int)
 
 -- name: receipt_guard
 -- Lock the receipts of a completion batch; returns what in them is no longer open (job_id NULL: all of it).

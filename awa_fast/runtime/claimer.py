@@ -43,6 +43,12 @@ log = logging.getLogger("awa_fast.claimer")
 
 _MAX_ERROR = 8192
 
+# A short claim of fewer rows than this may wait for a NOTIFY. Producers
+# skip the NOTIFY while a lane has 64+ rows not covered by committed
+# receipts, so rows of claims still committing count as backlog: it takes
+# 8 such claims in flight at once to hide a new row until the poll.
+_SHORT_CLAIM_SLEEPS = 8
+
 
 @dataclass(frozen=True, slots=True)
 class ClaimerConfig:
@@ -96,6 +102,10 @@ class Claimer:
             self.held, self.claimed_at, self.stateful)
         self._stopping = threading.Event()
         self._wake = threading.Event()
+        # False after a claim came back short (the queue looked empty to it):
+        # finished handlers then do not wake the claim loop, only a NOTIFY or
+        # the poll does. True while a backlog may remain behind a full claim.
+        self._backlog_maybe = True
         self.batcher._on_death = self._batcher_died
         self.heartbeat.watchdog = self._watchdog
         self._claim_started: float | None = None
@@ -179,6 +189,7 @@ class Claimer:
         backoff = 0.05
         # Running handlers plus up to one claim batch buffered locally.
         target = cfg.concurrency + cfg.claim_batch
+        busy_pause = 0.002
         while not self._stopping.is_set():
             self._wake.clear()
             free = target - self._outstanding
@@ -186,9 +197,11 @@ class Claimer:
                 try:
                     conn = self._claim_connection()
                     self._claim_started = time.monotonic()
+                    want = min(free, cfg.claim_batch)
+                    self._backlog_maybe = True
                     try:
-                        snaps = self.storage.lane_claim(conn, cfg.queue, min(free, cfg.claim_batch),
-                                                        cfg.stripe, cfg.stripes)
+                        snaps, lane_busy = self.storage.lane_claim_result(conn, cfg.queue, want, cfg.stripe,
+                                                                          cfg.stripes)
                     finally:
                         self._claim_started = None
                     backoff = 0.05
@@ -201,10 +214,29 @@ class Claimer:
                     backoff = min(backoff * 2, 5.0)
                     continue
                 self._count("claim_calls", 1)
+                if len(snaps) < want and not lane_busy and len(snaps) < _SHORT_CLAIM_SLEEPS:
+                    # Drained for now: wait for a NOTIFY. A producer that
+                    # reserved before this claim's end made it return the
+                    # backlog marker (lane_busy); one that reserves later
+                    # notifies unless the lane's backlog is 64+, and that
+                    # backlog counts this claim's rows only until it commits,
+                    # which is why only a claim of a few rows may sleep. A
+                    # NOTIFY that arrived during the claim has set _wake.
+                    self._backlog_maybe = False
+                elif lane_busy and not snaps:
+                    # Another claimer holds that lane head right now: retry
+                    # with a growing pause (a stuck holder costs no spin).
+                    self._count("empty_claims", 1)
+                    self._wake.wait(busy_pause)
+                    busy_pause = min(busy_pause * 2, cfg.poll_interval)
+                    continue
+                busy_pause = 0.002
                 if snaps:
                     self._dispatch(snaps)
-                    continue
-                self._count("empty_claims", 1)
+                    if self._backlog_maybe:
+                        continue
+                else:
+                    self._count("empty_claims", 1)
             self._publish()
             if os.getppid() != self._parent:
                 log.error("supervisor %d is gone; draining", self._parent, extra={"action": "orphaned"})
@@ -361,7 +393,7 @@ class Claimer:
         self.batcher.submit_many(done)  # type: ignore[arg-type]
         with self._count_lock:
             self._outstanding -= len(done)
-        if not self._wake.is_set() and self._outstanding <= self.config.concurrency:
+        if self._backlog_maybe and not self._wake.is_set() and self._outstanding <= self.config.concurrency:
             self._wake.set()
 
     # -- the runtime interface used by Job -------------------------------------------
@@ -454,11 +486,13 @@ class Claimer:
                 self._listen_conn = conn
                 conn.execute(f'LISTEN "{self.storage.channel}"')
                 backoff = 0.1
+                self._backlog_maybe = True
                 self._wake.set()  # poll once after every (re)LISTEN: wakeups may have been missed
                 last_ping = time.monotonic()
                 while not self._stopping.is_set():
                     for note in conn.notifies(timeout=1.0):
                         if note.payload == self.config.queue:
+                            self._backlog_maybe = True
                             self._wake.set()
                     if time.monotonic() - last_ping >= max(0.5, self.config.io_timeout / 2):
                         # a half-open socket delivers no notification and no

@@ -210,9 +210,23 @@ class Storage:
         ``conn`` must return jsonb as raw bytes (see :func:`use_raw_jsonb`).
         Commit (or run in autocommit) for the claim to count.
         """
+        return self.lane_claim_result(conn, queue, limit, stripe, stripes)[0]
+
+    def lane_claim_result(self, conn: psycopg.Connection, queue: str, limit: int, stripe: int = 0,
+                          stripes: int = 1) -> tuple[list[ClaimSnapshot], bool]:
+        """Like :meth:`lane_claim`, plus whether a busy lane may hold more.
+
+        The second value is True when the claim came back short of ``limit``
+        only because another claimer held a lane head that has work: claim
+        again soon rather than wait for a NOTIFY.
+        """
         cur = conn.cursor(binary=True)  # binary results: C loaders for ints and timestamps
         cur.execute(self.q["lane_claim"], (queue, limit, stripe, stripes))
-        return _impl.decode_snapshots(cur.fetchall())
+        rows = cur.fetchall()
+        lane_busy = bool(rows) and rows[-1][0] is None
+        if lane_busy:
+            rows.pop()
+        return _impl.decode_snapshots(rows), lane_busy
 
     # -- completion -----------------------------------------------------------
 

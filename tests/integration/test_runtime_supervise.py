@@ -181,3 +181,26 @@ def test_job_load_of_a_running_job_shows_the_attempt_being_run(pg_dsn, schema, s
         job = storage.job_load(conn, job_id)
         assert job["state"] == "running"
         assert (job["attempt"], job["run_lease"]) == (started["attempt"], started["lease"]) == (1, 1), job
+
+
+def test_one_job_at_a_time_costs_about_one_claim_each(pg_dsn, schema, storage, conn, tmp_path):
+    """At a trickle, a claimer claims once per wakeup: no empty claim after each job or completion.
+
+    The poll interval is far longer than the test, so every pickup comes from a
+    NOTIFY; a claimer that re-claimed after each short claim and after each
+    completion made about three claim calls per job.
+    """
+    n = 20
+    with SupervisorProc(pg_dsn, schema, tmp_path, queues=[f"{QUEUE}:stripes=1,concurrency=4"],
+                        poll_interval=60.0) as sup:
+        sup.wait_running(1)
+        wait_for(lambda: (sup.local_status() or {}).get("claimers", [{}])[0].get("claim_calls", 0) >= 1, 10,
+                 "the claimer's first poll", on_timeout=sup.tail)
+        before = sup.local_status()["claimers"][0]["claim_calls"]
+        for i in range(n):
+            enqueue_one(pg_dsn, schema, "rt.sync", {"i": i})
+            wait_for(lambda: counts(storage, conn).get("completed", 0) == i + 1, 10, f"job {i} completed",
+                     interval=0.005, on_timeout=sup.tail)
+        calls = sup.local_status()["claimers"][0]["claim_calls"] - before
+        assert sup.stop() == 0, sup.tail()
+    assert n <= calls <= n + 3, calls

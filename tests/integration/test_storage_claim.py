@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from awa_fast.client import Client
+from awa_fast.client import PRIORITY_DEFAULT, Client
 from awa_fast.jobs import ClaimSnapshot
 from awa_fast.storage import Storage
 from tests.integration.storage_helpers import (
@@ -26,6 +26,7 @@ from tests.integration.storage_helpers import (
     enqueue,
     ring_current,
     sqlx,
+    warm_lanes,
 )
 
 Q = "q"
@@ -198,3 +199,58 @@ def test_claims_across_ready_slots_keep_lane_order(pg_dsn, schema, storage, conn
     assert [s.job_id for s in snaps2] == b[1:]
     assert complete(storage, conn, snaps + snaps2) == []
     assert counts(storage, conn, Q) == {"completed": 6}
+
+
+# -- the backlog marker of claim_batch_v2 (Storage.lane_claim_result) --------------------------
+
+
+def test_drained_claim_has_no_backlog_marker(pg_dsn, schema, storage, conn):
+    jobs = [enqueue(schema, conn, Q, {"i": i}) for i in range(3)]
+    snaps, more = storage.lane_claim_result(conn, Q, 10)
+    assert [s.job_id for s in snaps] == jobs
+    assert more is False
+    assert storage.lane_claim_result(conn, Q, 10) == ([], False)
+
+
+def test_full_claim_has_no_backlog_marker(pg_dsn, schema, storage, conn):
+    jobs = [enqueue(schema, conn, Q, {"i": i}) for i in range(3)]
+    snaps, more = storage.lane_claim_result(conn, Q, 2)
+    assert ([s.job_id for s in snaps], more) == (jobs[:2], False)
+
+
+def test_short_claim_behind_a_busy_lane_says_more(pg_dsn, schema, storage, conn):
+    job = enqueue(schema, conn, Q, {"i": 0})
+    with connect(pg_dsn, schema, autocommit=False, tag="holder") as holder:
+        # the holder's claim is short too, so it keeps the lane head locked with nothing taken
+        enqueue(schema, conn, Q, {"i": 1})
+        sqlx(holder, schema, "SELECT 1 FROM __SCHEMA__.queue_claim_heads WHERE queue = %s FOR UPDATE", (Q,))
+        snaps, more = storage.lane_claim_result(conn, Q, 10)
+        assert (snaps, more) == ([], True)
+    snaps, more = storage.lane_claim_result(conn, Q, 10)
+    assert job in [s.job_id for s in snaps] and more is False
+
+
+def test_short_claim_past_a_producer_still_committing_says_more(pg_dsn, schema, storage, conn):
+    """A producer reserved lane numbers the claim cannot see yet: the claimer must not go to sleep.
+
+    (A producer that creates a new lane always notifies: its backlog is 0.)
+    """
+    warm_lanes(conn, schema, Q, PRIORITY_DEFAULT, 8)
+    first = enqueue(schema, conn, Q, {"i": 0})
+    with connect(pg_dsn, schema, autocommit=False, tag="producer") as producer:
+        late = enqueue(schema, producer, Q, {"i": 1})
+        snaps, more = storage.lane_claim_result(conn, Q, 10)
+        assert ([s.job_id for s in snaps], more) == ([first], True)
+        producer.commit()
+    snaps, more = storage.lane_claim_result(conn, Q, 10)
+    assert ([s.job_id for s in snaps], more) == ([late], False)
+
+
+def test_backlog_marker_never_reaches_lane_claim(pg_dsn, schema, storage, conn):
+    warm_lanes(conn, schema, Q, PRIORITY_DEFAULT, 8)
+    enqueue(schema, conn, Q, {"i": 0})
+    with connect(pg_dsn, schema, autocommit=False, tag="producer") as producer:
+        enqueue(schema, producer, Q, {"i": 1})
+        snaps = storage.lane_claim(conn, Q, 10)
+        assert len(snaps) == 1 and all(isinstance(s, ClaimSnapshot) and s.job_id for s in snaps)
+        producer.rollback()
