@@ -121,6 +121,8 @@ class Claimer:
         self._loop_thread: threading.Thread | None = None
         self._listen_conn: psycopg.Connection | None = None
         self._claim_conn: psycopg.Connection | None = None
+        self._clock_offset = 0.0  # database clock - local wall clock (latency metrics only)
+        self._clock_measured = 0.0
         self.stats = {"claimed": 0, "completed": 0, "retried": 0, "failed": 0, "cancelled": 0,
                       "snoozed": 0, "stale": 0, "claim_calls": 0, "empty_claims": 0, "batches": 0}
         self._pickup: list[float] = []
@@ -177,12 +179,28 @@ class Claimer:
                                        application_name=f"awa_fast:claimer:{self.config.queue}#{self.config.stripe}",
                                        connect_timeout=int(self.config.io_timeout + 0.999))
             use_raw_jsonb(self._claim_conn)
+            self._measure_clock_offset()
             # Claims commit durably (synchronous_commit stays on). A claim lost
             # in a crash would be issued again under the same run_lease, and the
             # first holder's late completion would then close the new attempt:
             # the fence (job_id, run_lease) only works if every issued lease is
             # on disk before its handler starts.
         return self._claim_conn
+
+    def _measure_clock_offset(self) -> None:
+        """Measure the database clock minus this process's wall clock.
+
+        Only the latency metrics need it: they subtract the database's
+        created_at from local times, so a worker whose clock is off would
+        otherwise report its clock error as pickup and end-to-end latency.
+        """
+        assert self._claim_conn is not None
+        t0 = time.time()
+        row = self._claim_conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
+        t1 = time.time()
+        if row is not None:
+            self._clock_offset = float(row[0]) - (t0 + t1) / 2
+            self._clock_measured = time.monotonic()
 
     def _claim_loop(self) -> None:
         cfg = self.config
@@ -196,6 +214,8 @@ class Claimer:
             if free >= min(cfg.claim_batch, 32) or (free > 0 and self._outstanding < cfg.concurrency):
                 try:
                     conn = self._claim_connection()
+                    if time.monotonic() - self._clock_measured > 300.0:
+                        self._measure_clock_offset()
                     self._claim_started = time.monotonic()
                     want = min(free, cfg.claim_batch)
                     self._backlog_maybe = True
@@ -446,7 +466,7 @@ class Claimer:
                     st["failed"] += 1
                 else:
                     st["completed"] += 1
-            created = job.snapshot.created_at.timestamp()
+            created = job.snapshot.created_at.timestamp() - self._clock_offset  # on this process's clock
             e2e.append(report.committed_at - created)
             if job.started_at:
                 pickup.append(job.started_at - created)
