@@ -86,6 +86,10 @@ non-positive or NaN samples, counted as 0 s), bucket i holds
 Finding a local supervisor's segment: the supervisor writes
 ``$AWA_FAST_HOME/run/<schema>.json`` = ``{"shm": name, "pid": pid}``
 (:func:`write_locator`, :func:`read_locator`, :func:`remove_locator`).
+
+Segments of killed supervisors: default names carry the owner's pid, start
+time and namespace scope (:func:`segment_name`); a starting supervisor calls
+:func:`sweep_dead_segments`, which unlinks those whose owner is provably dead.
 """
 
 from __future__ import annotations
@@ -94,12 +98,14 @@ import bisect
 import functools
 import hashlib
 import json
+import logging
 import math
 import os
 import pathlib
 import re
 import secrets
 import socket
+import stat
 import sys
 import threading
 import time
@@ -131,8 +137,13 @@ __all__ = [
     "prune_outcome_counts",
     "read_locator",
     "remove_locator",
+    "segment_name",
+    "segment_owner",
+    "sweep_dead_segments",
     "write_locator",
 ]
+
+log = logging.getLogger("awa_fast.shm")
 
 MAGIC = b"AWAFSHM1"
 LAYOUT_VERSION = 1
@@ -362,6 +373,149 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True  # exists, owned by someone else
     return True
+
+
+# -- segment names: who owns a segment, and sweeping those of dead owners ---------
+# A supervisor killed with SIGKILL (with its whole process group, resource
+# tracker included) never unlinks its segment. So the default name says who
+# created it: ``awa_fast_<pid>_<start>_<scope>_<random>``, where <start> is the
+# creator's start time (field 22 of /proc/<pid>/stat, clock ticks since boot)
+# and <scope> 16 hex digits of blake2b over the pid namespace, the time
+# namespace (it offsets <start>) and the boot id. (pid, start) names one
+# process for the lifetime of the system, even after its pid is reused; the
+# scope says whether this process can see that pid at all. A new supervisor
+# removes such segments when their owner is *provably* dead: same scope, same
+# effective uid, and either no process has that pid (ESRCH) or the process that
+# has it started at another time. Anything else (another namespace or boot,
+# another user, /proc unreadable, a zombie, the old ``awa_fast_<pid>_<random>``
+# names, names given explicitly) is left alone.
+SHM_DIR = "/dev/shm"  # where glibc's shm_open keeps POSIX shared memory
+_OWNED_NAME_RE = re.compile(r"awa_fast_([1-9][0-9]{0,9})_([0-9]{1,20})_([0-9a-f]{16})_[0-9a-f]{8}")
+
+
+def _proc_start_time(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks since boot (/proc/<pid>/stat field 22); None if unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        # the command name (field 2) may hold spaces and parentheses: count from its closing ')'
+        return int(data[data.rindex(b")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _owner_scope() -> str | None:
+    """Hex digest naming this process's pid namespace, time namespace and boot; None if unknown."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            if int(f.read().split(b" ", 1)[0]) != os.getpid():
+                return None  # /proc belongs to another pid namespace: its pids are not ours
+        pidns = os.stat("/proc/self/ns/pid")
+        try:
+            timens = os.stat("/proc/self/ns/time")
+            time_key = f"{timens.st_dev}:{timens.st_ino}"
+        except FileNotFoundError:  # kernel without time namespaces: nobody's start time is offset
+            time_key = "-"
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            boot = f.read().strip()
+    except (OSError, ValueError):
+        return None
+    if not boot:
+        return None
+    key = f"pid={pidns.st_dev}:{pidns.st_ino} time={time_key} boot={boot}"
+    return hashlib.blake2b(key.encode("ascii"), digest_size=8).hexdigest()
+
+
+def segment_name(pid: int | None = None) -> str:
+    """A fresh segment name tagged with its owner (default: this process).
+
+    ``awa_fast_<pid>_<start>_<scope>_<8 hex>``; when the owner's start time
+    or this process's scope cannot be read, the untagged
+    ``awa_fast_<pid>_<8 hex>``, which no sweep ever removes.
+    """
+    pid = os.getpid() if pid is None else pid
+    start = _proc_start_time(pid)
+    scope = _owner_scope()
+    if start is None or scope is None:
+        return f"awa_fast_{pid}_{secrets.token_hex(4)}"
+    return f"awa_fast_{pid}_{start}_{scope}_{secrets.token_hex(4)}"
+
+
+def segment_owner(name: str) -> tuple[int, int, str] | None:
+    """``(pid, start_ticks, scope)`` of a tagged segment name; None for any other name."""
+    m = _OWNED_NAME_RE.fullmatch(name)
+    if m is None:
+        return None
+    return int(m[1]), int(m[2]), m[3]
+
+
+def _owner_alive(pid: int, start: int) -> bool | None:
+    """True: alive; False: provably dead; None: cannot tell. ``pid`` must be in this pid namespace."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False  # no process has this pid
+    except PermissionError:
+        pass  # it exists (another user's)
+    except (OSError, OverflowError):
+        return None
+    now = _proc_start_time(pid)
+    if now is None:  # exited between the two looks, or hidden from us (hidepid)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except (OSError, OverflowError):
+            pass
+        return None
+    return now == start  # another start time: the pid was reused, the owner is gone
+
+
+def sweep_dead_segments() -> list[str]:
+    """Unlink the tagged segments (see :func:`segment_name`) whose owner is provably dead.
+
+    Only segments of this effective uid and of this process's scope (pid and
+    time namespace, boot) are considered; a live or undeterminable owner keeps
+    its segment. Each removal is logged at INFO. Returns the removed names.
+    Unlinking only removes the name: a process still mapping the segment
+    keeps its memory until it unmaps it.
+    """
+    scope = _owner_scope()
+    if scope is None:
+        log.debug("not sweeping %s: this process's pid namespace or boot cannot be identified", SHM_DIR)
+        return []
+    uid = os.geteuid()
+    swept: list[str] = []
+    try:
+        entries = os.scandir(SHM_DIR)
+    except OSError:
+        return swept
+    with entries:
+        for entry in entries:
+            owner = segment_owner(entry.name)
+            if owner is None or owner[2] != scope:
+                continue
+            pid, start, _ = owner
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
+                continue
+            if _owner_alive(pid, start) is not False:
+                continue
+            try:
+                os.unlink(entry.path)
+            except FileNotFoundError:
+                continue  # another supervisor swept it first
+            except OSError as exc:
+                log.warning("cannot remove shared-memory segment %s of dead supervisor %d: %s", entry.name, pid, exc,
+                            extra={"action": "shm_sweep_failed"})
+                continue
+            log.info("removed shared-memory segment %s left by dead supervisor %d (%d bytes)", entry.name, pid,
+                     st.st_size, extra={"action": "shm_swept"})
+            swept.append(entry.name)
+    return swept
 
 
 # -- resource_tracker (bpo-39959) ------------------------------------------------
@@ -633,12 +787,12 @@ class ShmRing:
 
     @classmethod
     def create(cls, name: str | None, claimers: Sequence[tuple[str, int]]) -> ShmRing:
-        """Create a segment with one record per ``(queue, stripe)``; ``name=None`` picks one."""
+        """Create a segment with one record per ``(queue, stripe)``; ``name=None`` picks :func:`segment_name`."""
         n = len(claimers)
         if not 0 <= n <= MAX_CLAIMERS:
             raise ValueError(f"{n} claimers; at most {MAX_CLAIMERS}")
         if name is None:
-            name = f"awa_fast_{os.getpid()}_{secrets.token_hex(4)}"
+            name = segment_name()  # tagged with this process, so a sweep can tell when it is dead
         elif not _SHM_NAME_RE.fullmatch(name):
             raise ValueError(f"shared-memory name {name!r}: use 1-200 of letters, digits, _ . -")
         size = segment_size(n)

@@ -188,9 +188,16 @@ class Supervisor:
 
     def _create_ring(self, slots: list[tuple[str, int]]) -> str | None:
         try:
-            from awa_fast.runtime.shm import ShmRing, write_locator
+            from awa_fast.runtime.shm import ShmRing, sweep_dead_segments, write_locator
         except ImportError:
             return None
+        # A supervisor killed with SIGKILL (its resource tracker too) leaves its segment behind:
+        # remove those whose owner is provably dead (each one logged at INFO), never a live one's.
+        try:
+            sweep_dead_segments()
+        except Exception:  # noqa: BLE001 - housekeeping must never stop a start
+            log.warning("sweeping shared-memory segments of dead supervisors failed", exc_info=True,
+                        extra={"action": "shm_sweep_failed"})
         self._ring = ShmRing.create(None, slots)
         if self.config.home:
             write_locator(self.config.home, self.config.schema, self._ring.name, os.getpid())

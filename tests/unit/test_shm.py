@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import multiprocessing
 import os
 import pathlib
+import secrets
 import struct
 import subprocess
 import sys
@@ -412,3 +414,126 @@ def test_locator_of_a_dead_supervisor_or_garbage_is_none(tmp_path: pathlib.Path)
     assert read_locator(tmp_path, "awa_fast") is None
     (tmp_path / "run" / "awa_fast.json").write_text('{"shm": 5, "pid": 1}')
     assert read_locator(tmp_path, "awa_fast") is None
+
+
+# -- segment names and the sweep of dead owners' segments -------------------------------
+def _wait_for_byte(fd: int) -> None:
+    os.read(fd, 1)
+
+
+def _tagged_segment(name: str) -> pathlib.Path:
+    """A real segment named ``name``, not registered with this process's resource tracker."""
+    ring = shm._untracked(name, lambda: ShmRing.create(name, [("q", 0)]))
+    ring.close()
+    return DEV_SHM / name
+
+
+def test_create_tags_the_segment_with_its_owner(ring: ShmRing) -> None:
+    owner = shm.segment_owner(ring.name)
+    assert owner is not None, ring.name
+    pid, start, scope = owner
+    assert pid == os.getpid() and ring.name.startswith(f"awa_fast_{pid}_")
+    stat_fields = pathlib.Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+    assert start == int(stat_fields[19])  # field 22: start time in clock ticks since boot
+    assert scope == shm._owner_scope() and len(scope) == 16
+    assert shm._owner_alive(pid, start) is True
+    assert shm.segment_owner(f"awa_fast_{pid}_0123abcd") is None  # untagged (old) names have no owner
+    assert shm.segment_owner("awa_fast_test_dup_1") is None
+
+
+def _dead_pid_and_name() -> tuple[int, str]:
+    """A pid that existed and is gone, and a segment name tagged with it while it lived."""
+    r, w = os.pipe()
+    child = FORK.Process(target=_wait_for_byte, args=(r,))
+    child.start()
+    try:
+        assert child.pid is not None
+        name = shm.segment_name(child.pid)
+    finally:
+        os.write(w, b"x")
+        child.join(10)
+        os.close(r)
+        os.close(w)
+    assert child.exitcode == 0 and shm.segment_owner(name) is not None
+    return child.pid, name
+
+
+def _sweep_round(dead_pid: int, dead_name: str) -> tuple[dict[str, str], set[str], list[str], list[str]]:
+    """Create one segment per case, sweep; (names, cases gone, swept names, INFO messages)."""
+    me, my_start, scope = shm.segment_owner(shm.segment_name())  # type: ignore[misc]
+    suffix = secrets.token_hex(4)
+    names = {
+        "dead": dead_name,
+        "live": shm.segment_name(),  # this process
+        # this pid, but another start time: the pid was reused, that owner is gone
+        "reused": f"awa_fast_{me}_{my_start - 1}_{scope}_{suffix}",
+        # another pid namespace, time namespace or boot: its pids are not ours to judge
+        "foreign": f"awa_fast_{dead_pid}_{my_start}_{'0' * 16 if scope != '0' * 16 else '1' * 16}_{suffix}",
+        # the old untagged name of a dead pid: owner unknown
+        "untagged": f"awa_fast_{dead_pid}_{suffix}",
+    }
+    if os.geteuid() == 0:  # another user's segment is never ours to sweep
+        names["other_user"] = f"awa_fast_{dead_pid}_{my_start}_{scope}_{suffix}"
+    paths = {k: DEV_SHM / n for k, n in names.items()}
+    try:
+        for k, n in names.items():
+            _tagged_segment(n)
+            if k == "other_user":
+                os.chown(paths[k], 65534, 65534)
+        handler = _Capture()
+        logger = logging.getLogger("awa_fast.shm")
+        logger.addHandler(handler)
+        old_level = logger.level
+        logger.setLevel(logging.INFO)
+        try:
+            swept = shm.sweep_dead_segments()
+        finally:
+            logger.removeHandler(handler)
+            logger.setLevel(old_level)
+        gone = {k for k, p in paths.items() if not p.exists()}
+        if "live" not in gone:
+            live = ShmRing.attach(names["live"])  # still a working segment
+            live.close()
+        return names, gone, swept, handler.infos
+    finally:
+        for path in paths.values():
+            path.unlink(missing_ok=True)
+
+
+class _Capture(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.infos: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno == logging.INFO:
+            self.infos.append(record.getMessage())
+
+
+def test_sweep_removes_only_segments_whose_owner_is_provably_dead() -> None:
+    # A supervisor starting elsewhere on this host (a parallel test run) may sweep a dead
+    # owner's segment first - never a kept one; then the round is repeated.
+    for _ in range(3):
+        dead_pid, dead_name = _dead_pid_and_name()
+        names, gone, swept, infos = _sweep_round(dead_pid, dead_name)
+        assert gone == {"dead", "reused"}, (gone, swept)
+        for name in swept:  # each removal logged at INFO, once
+            assert sum(name in m for m in infos) == 1, (name, infos)
+        ours = {k for k, n in names.items() if n in swept}
+        assert ours <= gone, (ours, swept)
+        if ours == gone:
+            break
+    else:
+        raise AssertionError(f"another process swept this test's dead segments first, 3 times: last {swept}")
+    for m in infos:
+        if names["dead"] in m:
+            assert f"left by dead supervisor {dead_pid} " in m, m
+
+
+def test_owner_alive_is_unknown_rather_than_dead_when_unsure() -> None:
+    assert shm._owner_alive(os.getpid(), shm._proc_start_time(os.getpid())) is True  # type: ignore[arg-type]
+    assert shm._owner_alive(2**40, 1) is None  # not a pid this kernel can have
+    p = FORK.Process(target=os._exit, args=(0,))
+    p.start()
+    p.join(10)
+    assert p.pid is not None and shm._owner_alive(p.pid, 1) is False
