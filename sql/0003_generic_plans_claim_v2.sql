@@ -50,8 +50,12 @@ BEGIN
         CROSS JOIN LATERAL (
             -- the effective cursor: the claim cursor lags one claim behind
             -- its own receipts (Index: lease_claims_lane)
-            SELECT greatest(q0.seq_cur, (SELECT max(c.last_seq) FROM __SCHEMA__.lease_claims c
-                                         WHERE c.lane_id = h.lane_id AND c.last_seq > q0.seq_cur)) AS cur,
+            -- (only looked up when the head is past the sequence: an idle
+            -- lane costs no probe of every claim partition)
+            SELECT CASE WHEN q0.head > q0.seq_cur
+                        THEN greatest(q0.seq_cur, (SELECT max(c.last_seq) FROM __SCHEMA__.lease_claims c
+                                                   WHERE c.lane_id = h.lane_id AND c.last_seq > q0.seq_cur))
+                        ELSE q0.seq_cur END AS cur,
                    q0.head) q
         CROSS JOIN LATERAL (
             -- age of the lane head: its oldest unclaimed segment
@@ -130,11 +134,12 @@ BEGIN
         SELECT 1
         FROM __SCHEMA__.queue_claim_heads h
         JOIN __SCHEMA__.queue_enqueue_heads e ON e.lane_id = h.lane_id
-        CROSS JOIN LATERAL (SELECT pg_sequence_last_value(h.claim_seq) AS seq_cur) q0
+        CROSS JOIN LATERAL (SELECT pg_sequence_last_value(h.claim_seq) AS seq_cur,
+                                   pg_sequence_last_value(e.enqueue_seq) AS head) q0
         WHERE h.queue = p_queue
-          AND pg_sequence_last_value(e.enqueue_seq) > greatest(q0.seq_cur,
-              (SELECT max(c.last_seq) FROM __SCHEMA__.lease_claims c
-               WHERE c.lane_id = h.lane_id AND c.last_seq > q0.seq_cur))))
+          AND q0.head > q0.seq_cur
+          AND q0.head > COALESCE((SELECT max(c.last_seq) FROM __SCHEMA__.lease_claims c
+                                  WHERE c.lane_id = h.lane_id AND c.last_seq > q0.seq_cur), q0.seq_cur)))
     THEN
         RETURN NEXT;
     END IF;

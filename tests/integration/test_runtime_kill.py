@@ -70,7 +70,7 @@ def test_kill_9_of_a_claimer_is_restarted_and_its_claims_rescued(pg_dsn, schema,
         new = wait_for(lambda: (p := sup.claimer_pids().get((QUEUE, 0))) and p != victim and p, 20,
                        "a new claimer for stripe 0", on_timeout=sup.tail)
         assert new != victim and sup.proc.poll() is None
-        wait_for(lambda: counts(storage, conn).get("completed", 0) >= n, 60, f"all {n} completed",
+        wait_for(lambda: counts(storage, conn).get("completed", 0) >= len(ids), 60, f"all {len(ids)} completed",
                  interval=0.1, on_timeout=lambda: f"{counts(storage, conn)}\n{sup.tail()}")
         local = sup.local_status()
         assert sup.stop() == 0, sup.tail()
@@ -133,6 +133,13 @@ def test_two_supervisors_one_leader_and_failover_after_kill_9(pg_dsn, schema, st
         leader_claimer = leader.claimer_pids()[(QUEUE, 0)]
         wait_for(lambda: sum(1 for e in runlog.entries("run") if e["pid"] == leader_claimer) >= 100, 30,
                  "the leader's claimer to complete 100 jobs", on_timeout=leader.tail)
+        # Kill while the leader's claimer is surely mid-job: long jobs at the tail of
+        # the backlog, more than the standby can hold (8 running + 16 buffered), and
+        # the kill lands once the leader's claimer has started one of them.
+        long_ids = set(enqueue_bulk(pg_dsn, schema, "rt.sleep", ({"ms": 800} for _ in range(60))))
+        ids |= long_ids
+        wait_for(lambda: any(e["pid"] == leader_claimer and e["job"] in long_ids for e in runlog.entries("start")),
+                 30, "the leader's claimer to start a long job", interval=0.01, on_timeout=leader.tail)
         claim_gen = int(storage.ring_state(conn)["claim"]["generation"])
 
         leader.kill_group(signal.SIGKILL)
@@ -152,7 +159,7 @@ def test_two_supervisors_one_leader_and_failover_after_kill_9(pg_dsn, schema, st
         wait_for(lambda: int(storage.ring_state(conn)["claim"]["generation"]) > claim_gen + 1, 10,
                  "the claim ring to rotate under the new leader", on_timeout=standby.tail)
         # Rescue goes on: the killed claimer's open claims come back and everything completes.
-        wait_for(lambda: counts(storage, conn).get("completed", 0) >= n, 60, f"all {n} completed",
+        wait_for(lambda: counts(storage, conn).get("completed", 0) >= len(ids), 60, f"all {len(ids)} completed",
                  interval=0.1, on_timeout=lambda: f"{counts(storage, conn)}\n{standby.tail()}")
         assert standby.stop() == 0, standby.tail()
 
