@@ -254,3 +254,15 @@ def test_backlog_marker_never_reaches_lane_claim(pg_dsn, schema, storage, conn):
         snaps = storage.lane_claim(conn, Q, 10)
         assert len(snaps) == 1 and all(isinstance(s, ClaimSnapshot) and s.job_id for s in snaps)
         producer.rollback()
+
+
+def test_lanes_behind_their_own_receipts_raise_no_backlog_marker(pg_dsn, schema, storage, conn):
+    """Two lanes whose claim cursors still lag their last receipts: drained, so no marker."""
+    jobs = [enqueue(schema, conn, Q, {"i": 0}, priority=1), enqueue(schema, conn, Q, {"i": 1}, priority=3)]
+    snaps, more = storage.lane_claim_result(conn, Q, 10)
+    assert (sorted(s.job_id for s in snaps), more) == (sorted(jobs), False)
+    # both lanes are still candidates by their sequences (the cursor lags one claim)
+    assert storage.lane_claim_result(conn, Q, 10) == ([], False)
+    late = enqueue(schema, conn, Q, {"i": 2}, priority=3)
+    snaps, more = storage.lane_claim_result(conn, Q, 10)
+    assert ([s.job_id for s in snaps], more) == ([late], False)
