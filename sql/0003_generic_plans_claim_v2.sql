@@ -188,6 +188,59 @@ BEGIN
 END $$;
 
 ---------------------------------------------------------------------------
+-- Completion, version 2: receipt_complete_rows with a one-claim-slot path.
+-- A completion batch nearly always closes attempts of one claim slot;
+-- then the slot is a plain parameter, so each closure/receipt probe opens
+-- one ring partition instead of all of them (generic plans prune at
+-- executor start only on parameters, not on values joined from unnest).
+---------------------------------------------------------------------------
+CREATE FUNCTION __SCHEMA__.receipt_complete_rows_v2(p_claim_slots int[], p_claim_ids bigint[], p_job_ids bigint[],
+    p_run_leases int[], p_ready_slots int[], p_lane_ids int[], p_lane_seqs bigint[], p_attempts int[],
+    p_queues text[], p_kinds text[], p_with_state boolean[]) RETURNS TABLE (job_id bigint, run_lease int)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_cs int := p_claim_slots[1];
+BEGIN
+    IF v_cs IS NULL OR NOT p_claim_slots <@ ARRAY[v_cs] THEN
+        -- several claim slots (a batch across a claim-ring rotation): version 1
+        RETURN QUERY SELECT * FROM __SCHEMA__.receipt_complete_rows(p_claim_slots, p_claim_ids, p_job_ids,
+            p_run_leases, p_ready_slots, p_lane_ids, p_lane_seqs, p_attempts, p_queues, p_kinds, p_with_state);
+        RETURN;
+    END IF;
+    PERFORM pg_advisory_xact_lock(__SCHEMA__.lock_key('claim'), (x.cid % 2147483647)::int)
+    FROM (SELECT DISTINCT cid FROM unnest(p_claim_ids) AS cid ORDER BY cid) x;
+    RETURN QUERY
+    WITH input AS (
+        SELECT * FROM unnest(p_claim_slots, p_claim_ids, p_job_ids, p_run_leases, p_ready_slots, p_lane_ids,
+                             p_lane_seqs, p_attempts, p_queues, p_kinds, p_with_state)
+            AS u(cs, cid, j, l, rs, lane, seq, att, q, k, st)
+    ), checked AS (
+        SELECT i.*, (
+            EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closures x
+                    WHERE x.claim_slot = v_cs AND x.claim_id = i.cid AND x.job_id = i.j AND x.run_lease = i.l)
+            OR EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closure_batches b
+                       WHERE b.claim_slot = v_cs AND b.claim_id = i.cid)
+            OR NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claims c
+                           WHERE c.claim_slot = v_cs AND c.claim_id = i.cid)) AS stale
+        FROM input i
+    ), done AS (
+        INSERT INTO __SCHEMA__.done_entries (ready_slot, job_id, lane_id, lane_seq, run_lease, attempt, state,
+            queue, kind)
+        SELECT c.rs, c.j, c.lane, c.seq, c.l, c.att, 1, c.q, c.k FROM checked c WHERE NOT c.stale
+        RETURNING 1
+    ), closed AS (
+        INSERT INTO __SCHEMA__.lease_claim_closures (claim_slot, claim_id, job_id, run_lease, outcome)
+        SELECT c.cs, c.cid, c.j, c.l, 1 FROM checked c WHERE NOT c.stale
+        RETURNING 1
+    ), cleared AS (
+        DELETE FROM __SCHEMA__.attempt_state a USING checked c
+        WHERE c.st AND NOT c.stale AND a.job_id = c.j AND a.run_lease = c.l
+        RETURNING 1
+    )
+    SELECT c.j, c.l FROM checked c WHERE c.stale;
+END $$;
+
+---------------------------------------------------------------------------
 -- Generic plans for every PL/pgSQL function of the schema.
 -- Their statements read partitioned tables with parameters, so the plan
 -- cache keeps choosing a custom plan (the custom plan prunes partitions at

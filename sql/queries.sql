@@ -32,7 +32,7 @@ SELECT claim_id, job_id, run_lease FROM __SCHEMA__.receipt_guard(%s::int[], %s::
 
 -- name: receipt_complete_rows
 -- Complete a small batch in one statement (low-latency path); returns the stale attempts.
-SELECT job_id, run_lease FROM __SCHEMA__.receipt_complete_rows(%s::int[], %s::bigint[], %s::bigint[], %s::int[],
+SELECT job_id, run_lease FROM __SCHEMA__.receipt_complete_rows_v2(%s::int[], %s::bigint[], %s::bigint[], %s::int[],
     %s::int[], %s::int[], %s::bigint[], %s::int[], %s::text[], %s::text[], %s::boolean[])
 
 -- name: receipt_close_batches

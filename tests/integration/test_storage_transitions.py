@@ -102,6 +102,21 @@ def test_complete_rows_low_latency_path(schema, storage, conn):
     assert storage.receipt_complete_rows(conn, []) == []
 
 
+def test_complete_rows_across_a_claim_ring_rotation(schema, storage, conn):
+    """One low-latency completion batch with attempts of two claim slots (one slot or several: same rows)."""
+    jobs = [enqueue(schema, conn, Q, {"i": i}) for i in range(4)]
+    first = claim(storage, conn, Q, 2)
+    assert storage.ring_rotate(conn, "claim") is not None
+    second = claim(storage, conn, Q, 2)
+    assert len({s.claim_slot for s in first + second}) == 2
+    assert storage.receipt_complete_rows(conn, first[:1] + second) == []
+    assert storage.receipt_complete_rows(conn, first + second[:1]) == \
+        sorted([(first[0].job_id, 1), (second[0].job_id, 1)])
+    assert sorted(d["job_id"] for j in jobs for d in done_rows(conn, schema, j)) == sorted(jobs)
+    assert n_rows(conn, schema, "lease_claim_closures", "outcome = 1") == 4
+    assert counts(storage, conn, Q) == {"completed": 4}
+
+
 # ---------------------------------------------------------------------------
 # retry, snooze
 
