@@ -22,13 +22,14 @@ from awa_fast.errors import (
     TerminalError,
     UnknownJob,
 )
-from awa_fast.jobs import Cancel, ClaimSnapshot, RetryAfter, Snooze, WaitForCallback
+from awa_fast.jobs import AttemptClosed, Cancel, ClaimSnapshot, RetryAfter, Snooze, WaitForCallback
 
 __impl__: str = _impl.IMPL
 __version__ = "0.1.0"
 
 __all__ = [
     "__impl__",
+    "AttemptClosed",
     "AwaFastError",
     "Cancel",
     "ClaimSnapshot",

@@ -17,7 +17,7 @@ from awa_fast.client import (
     validate_priority,
 )
 from awa_fast.errors import ConfigError
-from awa_fast.jobs import JobSpec
+from awa_fast.jobs import AttemptClosed, JobSpec
 from awa_fast.storage import connect
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -35,6 +35,7 @@ class App(Client):
                  max_payload_bytes: int = 1 << 20) -> None:
         super().__init__(dsn, schema, default_queue=default_queue, max_payload_bytes=max_payload_bytes)
         self.registry: dict[str, JobSpec] = {}
+        self.flush_listeners: list[Callable[[list[AttemptClosed]], None]] = []
 
     # -- handlers ---------------------------------------------------------------
 
@@ -57,6 +58,17 @@ class App(Client):
             return fn
 
         return register
+
+    def on_flush(self, fn: Callable[[list[AttemptClosed]], None]) -> Callable[[list[AttemptClosed]], None]:
+        """Register ``fn(closed)``, called in each claimer process after every completion flush commits.
+
+        ``closed`` lists the flush's attempts as :class:`AttemptClosed`. It
+        runs on the batcher's thread, so keep it short; an exception it
+        raises is logged and never affects the queue. Register at import
+        time of the app module (claimer processes load the app themselves).
+        """
+        self.flush_listeners.append(fn)
+        return fn
 
     def queues(self) -> list[str]:
         """Queues that registered handlers use."""

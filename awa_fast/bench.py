@@ -23,8 +23,8 @@ the producer records ``time.time()`` right after its enqueue statement
 returns, i.e. after the enqueue transaction's commit was acknowledged (the
 row's ``created_at`` is the *start* of that transaction, earlier than its
 commit, so measuring from it would overstate latency by the enqueue's own
-duration). Inside the supervisor, the bench app wraps the claimer's
-post-flush callback (only when ``AWA_FAST_BENCH_TRACE`` names a file) and
+duration). Inside the supervisor, the bench app registers an ``App.on_flush``
+listener (only when ``AWA_FAST_BENCH_TRACE`` names a file) that
 appends ``(job_id, started_at, committed_at)`` per job: ``started_at`` is
 taken by the claimer right before the handler is called, ``committed_at``
 right after the completion transaction's ``COMMIT`` returned. pickup =
@@ -71,6 +71,7 @@ import psycopg
 import awa_fast
 from awa_fast.app import App
 from awa_fast.errors import ConfigError
+from awa_fast.jobs import AttemptClosed
 from awa_fast.storage.schema import render
 
 KIND = "bench.noop"
@@ -89,46 +90,29 @@ def noop(job) -> None:  # noqa: ANN001 - awa_fast.Job
 # -- the trace hook (active only inside a supervisor started by the bench) ------------
 
 
-def _install_trace_hook(path: str) -> bool:
-    """Wrap ``Claimer._flushed`` to append (job_id, started_at, committed_at) per job to ``path``.
+def _trace_writer(path: str):  # noqa: ANN202 - an App.on_flush listener
+    """An :meth:`App.on_flush` listener appending (job_id, started_at, committed_at) per completed job.
 
-    Runs in the supervisor when it imports this module (before it forks the
-    claimers). One ``os.write`` per flush, after the commit was timed. If
-    the runtime's internals changed, nothing is wrapped and the bench falls
-    back to the database timestamps.
+    One ``os.write`` per flush (an ``O_APPEND`` file per claimer process),
+    after the flush's COMMIT was timed.
     """
-    try:
-        from awa_fast.runtime.claimer import Claimer
-    except ImportError:
-        return False
-    original = getattr(Claimer, "_flushed", None)
-    if original is None or getattr(original, "_bench_wrapped", False):
-        return False
     fds: dict[int, int] = {}
+    pack = _TRACE_REC.pack
 
-    def _flushed(self, report) -> None:  # noqa: ANN001
-        try:
-            committed = float(report.committed_at)
-            pack = _TRACE_REC.pack
-            data = b"".join(pack(job.id, job.started_at or 0.0, committed) for job, outcome in report.jobs
-                            if outcome is None)
-            if data:
-                pid = os.getpid()
-                fd = fds.get(pid)
-                if fd is None:
-                    fd = fds[pid] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-                os.write(fd, data)
-        except Exception:  # noqa: BLE001 - tracing must never break the runtime
-            pass
-        return original(self, report)
+    def write(closed: list[AttemptClosed]) -> None:
+        data = b"".join(pack(c.job_id, c.started_at, c.committed_at) for c in closed if c.outcome == "completed")
+        if data:
+            pid = os.getpid()
+            fd = fds.get(pid)
+            if fd is None:
+                fd = fds[pid] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            os.write(fd, data)
 
-    _flushed._bench_wrapped = True  # type: ignore[attr-defined]
-    Claimer._flushed = _flushed  # type: ignore[method-assign]
-    return True
+    return write
 
 
 if os.environ.get(TRACE_ENV):
-    _install_trace_hook(os.environ[TRACE_ENV])
+    app.on_flush(_trace_writer(os.environ[TRACE_ENV]))
 
 
 def read_trace(path: str | os.PathLike[str]) -> dict[int, tuple[float, float]]:

@@ -219,6 +219,27 @@ _UNSET = _Unset()
 
 
 @dataclass(frozen=True, slots=True)
+class AttemptClosed:
+    """One attempt written by a completion flush (what :meth:`App.on_flush` listeners get).
+
+    ``outcome`` is ``completed``, ``retried``, ``snoozed``, ``cancelled``,
+    ``failed`` or ``stale`` (the attempt had been rescued or closed elsewhere,
+    nothing was written): what the worker wrote, so a retry of the last
+    allowed attempt reads ``retried`` although the database moved the job
+    to the DLQ (or failed it). Times are this worker's ``time.time()``:
+    ``started_at`` right before the handler ran (0.0 if it never ran),
+    ``committed_at`` right after the flush's COMMIT returned.
+    """
+
+    job_id: int
+    run_lease: int
+    kind: str
+    outcome: str
+    started_at: float
+    committed_at: float
+
+
+@dataclass(frozen=True, slots=True)
 class JobSpec:
     """A registered handler and its defaults."""
 

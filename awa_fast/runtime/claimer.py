@@ -17,14 +17,14 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
 from awa_fast.errors import DatabaseUnavailable, TerminalError
-from awa_fast.jobs import Cancel, ClaimSnapshot, Job, JobSpec, RetryAfter, Snooze, WaitForCallback
+from awa_fast.jobs import AttemptClosed, Cancel, ClaimSnapshot, Job, JobSpec, RetryAfter, Snooze, WaitForCallback
 from awa_fast.runtime.batcher import RELEASE, BatcherConfig, CompletionBatcher, FlushReport, Outcome
 from awa_fast.runtime.heartbeat import Heartbeat, HeartbeatConfig
 from awa_fast.storage import (
@@ -42,6 +42,8 @@ from awa_fast.storage import (
 log = logging.getLogger("awa_fast.claimer")
 
 _MAX_ERROR = 8192
+
+_OUTCOME_NAMES = {CLOSE_RETRY: "retried", CLOSE_SNOOZE: "snoozed", CLOSE_CANCEL: "cancelled", CLOSE_FAIL: "failed"}
 
 # A short claim of fewer rows than this may wait for a NOTIFY. Producers
 # skip the NOTIFY while a lane has 64+ rows not covered by committed
@@ -84,9 +86,11 @@ def error_text(exc: BaseException | str) -> str:
 class Claimer:
     """Claims, runs and completes jobs of one queue stripe."""
 
-    def __init__(self, config: ClaimerConfig, registry: dict[str, JobSpec], shm_record: Any = None) -> None:
+    def __init__(self, config: ClaimerConfig, registry: dict[str, JobSpec], shm_record: Any = None,
+                 flush_listeners: Sequence[Callable[[list[AttemptClosed]], None]] = ()) -> None:
         self.config = config
         self.registry = registry
+        self.flush_listeners = list(flush_listeners)
         self.storage = Storage(config.schema)
         self.shm = shm_record
         self.held: dict[tuple[int, int], Job] = {}
@@ -442,6 +446,7 @@ class Claimer:
         st["batches"] = 1
         e2e: list[float] = []
         pickup: list[float] = []
+        closed: list[AttemptClosed] | None = [] if self.flush_listeners else None
         for job, outcome in report.jobs:
             key = (job.id, job.run_lease)
             self.held.pop(key, None)
@@ -450,22 +455,17 @@ class Claimer:
             if outcome is RELEASE:
                 continue
             if key in report.stale:
-                st["stale"] += 1
-                continue
-            if outcome is None:
-                st["completed"] += 1
+                what = "stale"
+            elif outcome is None:
+                what = "completed"
             else:
-                code = outcome[0]
-                if code == CLOSE_RETRY:
-                    st["retried"] += 1
-                elif code == CLOSE_SNOOZE:
-                    st["snoozed"] += 1
-                elif code == CLOSE_CANCEL:
-                    st["cancelled"] += 1
-                elif code == CLOSE_FAIL:
-                    st["failed"] += 1
-                else:
-                    st["completed"] += 1
+                what = _OUTCOME_NAMES.get(outcome[0], "completed")
+            st[what] += 1
+            if closed is not None:
+                closed.append(AttemptClosed(job.id, job.run_lease, job.kind, what, job.started_at or 0.0,
+                                            report.committed_at))
+            if what == "stale":
+                continue
             created = job.snapshot.created_at.timestamp() - self._clock_offset  # on this process's clock
             e2e.append(report.committed_at - created)
             if job.started_at:
@@ -475,6 +475,12 @@ class Claimer:
                 self.stats[k] += v
             self._e2e.extend(e2e)
             self._pickup.extend(pickup)
+        if closed:
+            for listener in self.flush_listeners:
+                try:
+                    listener(closed)
+                except Exception:  # noqa: BLE001 - a listener never breaks the queue
+                    log.exception("flush listener %r failed", listener, extra={"action": "flush_listener_error"})
         if report.stale:
             log.info("%d stale outcomes rejected (attempt rescued or closed elsewhere)", len(report.stale),
                      extra={"action": "stale_outcomes"})
@@ -659,7 +665,7 @@ def claimer_main(app_ref: str, config: ClaimerConfig, shm_name: str | None, shm_
 
         ring = ShmRing.attach(shm_name)
         record = ring.claimer(shm_index)
-    claimer = Claimer(config, app.registry, record)
+    claimer = Claimer(config, app.registry, record, getattr(app, "flush_listeners", ()))
     signal.signal(signal.SIGTERM, lambda *_: claimer.stop())
     signal.signal(signal.SIGINT, lambda *_: claimer.stop())
     code = claimer.run()

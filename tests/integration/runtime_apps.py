@@ -58,6 +58,24 @@ def record(job: Any, event: str = "run", **extra: Any) -> None:
 app = App(schema="awa_fast_rt_placeholder", default_queue=QUEUE)
 
 
+@app.on_flush
+def record_flush(closed: list[awa_fast.AttemptClosed]) -> None:
+    """Log every attempt a completion flush wrote (``ev: flush``), with its outcome and times."""
+    fd = _log_fd()
+    if fd is None:
+        return
+    os.write(fd, b"".join(orjson.dumps({
+        "ev": "flush", "job": c.job_id, "lease": c.run_lease, "kind": c.kind, "outcome": c.outcome,
+        "started_at": c.started_at, "committed_at": c.committed_at, "pid": os.getpid(), "t": c.committed_at,
+    }) + b"\n" for c in closed))
+
+
+@app.on_flush
+def broken_listener(closed: list[awa_fast.AttemptClosed]) -> None:
+    """A listener that always raises: the queue must not notice."""
+    raise RuntimeError("this flush listener is broken on purpose")
+
+
 @app.job("rt.sync", queue=QUEUE)
 def sync_noop(job: Any) -> None:
     record(job)

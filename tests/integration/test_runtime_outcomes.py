@@ -91,7 +91,7 @@ def test_each_outcome_reaches_the_right_state_with_the_right_attempt(pg_dsn, sch
         job = _state(storage, conn, unknown, "dlq", sup)
         assert job["attempt"] == 1, job
         assert "no handler registered" in job["error"] and "rt.nobody_handles_this" in job["error"], job
-        assert runlog.for_job(unknown) == []
+        assert runlog.for_job(unknown, "run") == []
 
         # Exhausted attempts: attempt 1 fails into backoff (retryable, attempt consumed);
         # make it due now (the admin "job retry"), attempt 2 fails into the DLQ.
@@ -144,6 +144,23 @@ def test_each_outcome_reaches_the_right_state_with_the_right_attempt(pg_dsn, sch
         final = counts(storage, conn)
         assert final == {"completed": 6, "cancelled": 1, "dlq": 4}, final
         assert sup.stop() == 0, sup.tail()
+
+    # App.on_flush listeners saw every attempt each flush wrote, with its outcome and times
+    # (a second, raising listener changed nothing above and was logged).
+    def flushed(job_id: int) -> list[tuple[int, str]]:
+        return [(r["lease"], r["outcome"]) for r in runlog.for_job(job_id, "flush")]
+
+    assert flushed(retry) == [(1, "retried"), (2, "retried"), (3, "completed")]
+    assert flushed(snooze) == [(1, "snoozed"), (2, "snoozed"), (3, "completed")]
+    assert flushed(cancel) == [(1, "cancelled")]
+    assert flushed(terminal) == [(1, "failed")]
+    assert flushed(unknown) == [(1, "failed")]
+    # what the worker wrote: a retry; the database turned the last one into the DLQ entry
+    assert flushed(exhaust) == [(1, "retried"), (2, "retried")]
+    for r in runlog.entries("flush"):
+        if r["kind"] != "rt.nobody_handles_this":
+            assert 0 < r["started_at"] <= r["committed_at"], r
+    assert "this flush listener is broken on purpose" in sup.output()
 
 
 def test_unknown_kind_goes_to_the_dlq_in_an_app_with_only_async_handlers(pg_dsn, schema, storage, conn,
