@@ -565,11 +565,16 @@ def wait_terminal(conn: psycopg.Connection, schema: str, n: int, timeout: float,
     return time.monotonic() - t0
 
 
-def open_claims(conn: psycopg.Connection, schema: str) -> list[tuple[int, int, float]]:
-    """(job_id, run_lease, seconds since heartbeat or claim) of every open receipt-backed attempt."""
+def open_claims(conn: psycopg.Connection, schema: str, clock: str = "now()") -> list[tuple[int, int, float]]:
+    """(job_id, run_lease, seconds since heartbeat or claim) of every open receipt-backed attempt.
+
+    ``clock="clock_timestamp()"`` measures after the statement's snapshot: every
+    visible heartbeat committed before it (the statement's own ``now()`` may not be).
+    """
+    assert clock in ("now()", "clock_timestamp()"), clock
     s = f'"{schema}"'
     return [(int(j), int(l), float(age)) for j, l, age in q(conn, f"""
-        SELECT u.j, u.l, extract(epoch FROM now() - COALESCE(a.heartbeat_at, c.claimed_at))::float8
+        SELECT u.j, u.l, extract(epoch FROM {clock} - COALESCE(a.heartbeat_at, c.claimed_at))::float8
         FROM {s}.lease_claims c
         CROSS JOIN LATERAL unnest(c.job_ids, c.run_leases) AS u(j, l)
         LEFT JOIN {s}.attempt_state a ON a.job_id = u.j AND a.run_lease = u.l

@@ -50,6 +50,7 @@ from tests.chaos.chaos_helpers import (
     enqueue_many,
     enqueue_one,
     new_schema,
+    open_claims,
     q,
     read_exec_log,
     record_figures,
@@ -129,21 +130,8 @@ def test_shim_shifts_only_the_wall_clock(shim, shift):
 
 
 def _open_attempt_ages(conn: psycopg.Connection, schema: str) -> list[tuple[int, float]]:
-    """(job_id, seconds since the last heartbeat, or the claim if none yet) of open attempts.
-
-    Measured with clock_timestamp(), read after the statement's snapshot: every visible heartbeat
-    committed before it, so its now() is earlier (this statement's own now() may not be).
-    """
-    s = f'"{schema}"'
-    return [(int(j), float(age)) for j, age in q(conn, f"""
-        SELECT u.j, extract(epoch FROM clock_timestamp() - COALESCE(a.heartbeat_at, c.claimed_at))::float8
-        FROM {s}.lease_claims c
-        CROSS JOIN LATERAL unnest(c.job_ids, c.run_leases) AS u(j, l)
-        LEFT JOIN {s}.attempt_state a ON a.job_id = u.j AND a.run_lease = u.l
-        WHERE NOT EXISTS (SELECT 1 FROM {s}.lease_claim_closure_batches b
-                          WHERE b.claim_slot = c.claim_slot AND b.claim_id = c.claim_id)
-          AND NOT EXISTS (SELECT 1 FROM {s}.lease_claim_closures x
-                          WHERE x.claim_slot = c.claim_slot AND x.job_id = u.j AND x.run_lease = u.l)""")]
+    """(job_id, seconds since the last heartbeat, or the claim if none yet) of open attempts."""
+    return [(j, age) for j, _, age in open_claims(conn, schema, clock="clock_timestamp()")]
 
 
 def _shm_snapshot(home: pathlib.Path, schema: str) -> dict:
