@@ -25,6 +25,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -89,6 +90,7 @@ def read_records(paths: Sequence[str]) -> list[tuple[Any, float]]:
 
 
 _WORKERS: list[subprocess.Popen[bytes]] = []
+END = "__end__"  # the record key a drain worker writes with its end time
 
 
 def spawn_worker(script: str, args: argparse.Namespace, mode: str, out: str, stop_file: str = "",
@@ -114,6 +116,46 @@ def _reap() -> None:
 
 
 atexit.register(_reap)
+
+
+def rate_result(jobs: int, seconds: float, method: str) -> dict[str, Any]:
+    """The result of an enqueue-only scenario: ``jobs`` in ``seconds``."""
+    return {"jobs": jobs, "seconds": round(seconds, 4), "jobs_per_s": round(jobs / seconds, 1),
+            "enqueue_jobs_per_s": round(jobs / seconds, 1), "method": method}
+
+
+def drain_result(starts: Sequence[float], end: float, jobs: int, enqueue_s: float, method: str) -> dict[str, Any]:
+    """The result of a drain: first handler start (of ``starts``) -> ``end``."""
+    secs = end - min(starts)
+    return {"jobs": len(starts), "seconds": round(secs, 4), "jobs_per_s": round(len(starts) / secs, 1),
+            "enqueue_jobs_per_s": round(jobs / enqueue_s, 1), "handled": len(starts), "method": method}
+
+
+def drain_workers(script: str, args: argparse.Namespace, procs: int, timeout: float,
+                  expect: int = 0) -> tuple[list[float], float]:
+    """Run ``procs`` drain workers to their end; returns (handler start times, last worker end)."""
+    tmp = tempfile.mkdtemp(prefix="peer-drain-")
+    outs = [os.path.join(tmp, f"w{i}.json") for i in range(procs)]
+    workers = [spawn_worker(script, args, "drain", o, expect=expect) for o in outs]
+    for w in workers:
+        w.wait(timeout=timeout)
+    recs = read_records(outs)
+    return [t for k, t in recs if k != END], max(t for k, t in recs if k == END)
+
+
+class ServeWorker:
+    """One worker subprocess in ``serve`` mode until :meth:`stop`; then its handler start times."""
+
+    def __init__(self, script: str, args: argparse.Namespace) -> None:
+        tmp = tempfile.mkdtemp(prefix="peer-serve-")
+        self.out, self.stop_file = os.path.join(tmp, "w.json"), os.path.join(tmp, "stop")
+        self.proc = spawn_worker(script, args, "serve", self.out, self.stop_file)
+
+    def stop(self, timeout: float = 60) -> dict[Any, float]:
+        """Ask the worker to stop, wait for it, and return {job key: handler start time}."""
+        open(self.stop_file, "w").close()
+        self.proc.wait(timeout=timeout)
+        return {k: t for k, t in read_records([self.out]) if k != END}
 
 
 def stop_requested(path: str) -> bool:

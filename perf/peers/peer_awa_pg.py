@@ -15,7 +15,6 @@ import asyncio
 import datetime as dt
 import os
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 
@@ -72,7 +71,7 @@ async def worker(args) -> None:  # noqa: ANN001
     await client.shutdown(timeout_ms=10_000)  # flushes pending completions
     end = time.time()
     await client.close()
-    common.write_records(args.out, RECORDS + [("__end__", end)])
+    common.write_records(args.out, RECORDS + [(common.END, end)])
 
 
 def producer(dsn: str, window, ready) -> tuple[int, list[float]]:  # noqa: ANN001
@@ -105,29 +104,19 @@ def main() -> int:
     asyncio.run(fresh(args.dsn))
     settings = {"max_workers": args.concurrency or 100, "procs": 1, "storage": "queue storage (fresh install)"}
     if args.scenario == "bulk-enqueue":
-        s = asyncio.run(bulk(args.dsn, args.jobs))
-        res = {"jobs": args.jobs, "seconds": round(s, 4), "jobs_per_s": round(args.jobs / s, 1),
-               "enqueue_jobs_per_s": round(args.jobs / s, 1), "method": "enqueue_many_copy, 50k per call"}
+        res = common.rate_result(args.jobs, asyncio.run(bulk(args.dsn, args.jobs)),
+                                 "enqueue_many_copy, 50k per call")
     elif args.scenario == "concurrent-insert":
         res = common.concurrent_insert(producer, args.dsn, args.producers, args.seconds)
         res["method"] = "AsyncClient.insert (one job, one transaction) per process"
     elif args.scenario == "drain":
         es = asyncio.run(bulk(args.dsn, args.jobs))
-        tmp = tempfile.mkdtemp(prefix="peer-awa-")
-        out = os.path.join(tmp, "w.json")
-        w = common.spawn_worker(__file__, args, "drain", out, expect=args.jobs)
-        w.wait(timeout=1800)
-        recs = common.read_records([out])
-        starts = [t for k, t in recs if k != "__end__"]
-        secs = max(t for k, t in recs if k == "__end__") - min(starts)
-        res = {"jobs": len(starts), "seconds": round(secs, 4), "jobs_per_s": round(len(starts) / secs, 1),
-               "enqueue_jobs_per_s": round(args.jobs / es, 1), "handled": len(starts),
-               "method": "first handler start -> return of client.shutdown() (flushes completions) called "
-                         "once the N-th handler ran (polled every 5 ms): an upper bound"}
+        starts, end = common.drain_workers(__file__, args, 1, timeout=1800, expect=args.jobs)
+        res = common.drain_result(starts, end, args.jobs, es,
+                                  "first handler start -> return of client.shutdown() (flushes completions) "
+                                  "called once the N-th handler ran (polled every 5 ms): an upper bound")
     else:
-        tmp = tempfile.mkdtemp(prefix="peer-awa-")
-        out, stop = os.path.join(tmp, "w.json"), os.path.join(tmp, "stop")
-        w = common.spawn_worker(__file__, args, "serve", out, stop)
+        w = common.ServeWorker(__file__, args)
         time.sleep(3.0)
 
         async def produce() -> tuple[dict, float, dict]:
@@ -151,9 +140,7 @@ def main() -> int:
             return sent, elapsed, (done, how)
 
         sent, elapsed, (done, how) = asyncio.run(produce())
-        open(stop, "w").close()
-        w.wait(timeout=60)
-        starts = {k: t for k, t in common.read_records([out]) if k != "__end__"}
+        starts = w.stop()
         res = common.latency_summary(sent, starts, done, elapsed)
         res["method"] = f"pickup: handler start - enqueue ack; e2e: awa.done_entries row, {how} - enqueue ack"
     res.update({"peer": "awa-pg", "awa_pg_version": "0.6.9", "scenario": args.scenario, "settings": settings})

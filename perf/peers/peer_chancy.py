@@ -16,7 +16,6 @@ import contextlib
 import logging
 import os
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -64,7 +63,7 @@ async def worker(args) -> None:  # noqa: ANN001
         end = time.time()
         with contextlib.suppress(Exception):
             await w.stop(timeout=30)
-    common.write_records(args.out, RECORDS + [("__end__", end)])
+    common.write_records(args.out, RECORDS + [(common.END, end)])
 
 
 def producer(dsn: str, window, ready) -> tuple[int, list[float]]:  # noqa: ANN001
@@ -103,33 +102,24 @@ def main() -> int:
     settings = {"executor": "AsyncExecutor", "concurrency": conc, "procs": 1, "notifications": True,
                 "eager_polling": True, "polling_interval": 1}
     if args.scenario == "bulk-enqueue":
-        s = asyncio.run(bulk(args.dsn, args.jobs))
-        res = {"jobs": args.jobs, "seconds": round(s, 4), "jobs_per_s": round(args.jobs / s, 1),
-               "enqueue_jobs_per_s": round(args.jobs / s, 1), "method": "Chancy.push_many (1000 per transaction)"}
+        res = common.rate_result(args.jobs, asyncio.run(bulk(args.dsn, args.jobs)),
+                                 "Chancy.push_many (1000 per transaction)")
     elif args.scenario == "concurrent-insert":
         res = common.concurrent_insert(producer, args.dsn, args.producers, args.seconds)
         res["method"] = "Chancy.push (one job, one transaction) per process"
     elif args.scenario == "drain":
         es = asyncio.run(bulk(args.dsn, args.jobs))
-        tmp = tempfile.mkdtemp(prefix="peer-chancy-")
-        out, stop = os.path.join(tmp, "w.json"), os.path.join(tmp, "stop")
-        w = common.spawn_worker(__file__, args, "serve", out, stop)
+        w = common.ServeWorker(__file__, args)
         with psycopg.connect(args.dsn, autocommit=True) as c:
             deadline = time.time() + 1800
             while time.time() < deadline and _unfinished(c) > 0:
                 time.sleep(0.05)
             end = time.time()
-        open(stop, "w").close()
-        w.wait(timeout=120)
-        starts = [t for k, t in common.read_records([out]) if k != "__end__"]
-        secs = end - min(starts)
-        res = {"jobs": len(starts), "seconds": round(secs, 4), "jobs_per_s": round(len(starts) / secs, 1),
-               "enqueue_jobs_per_s": round(args.jobs / es, 1), "handled": len(starts),
-               "method": "first handler start -> no unfinished chancy_jobs row (50 ms polls)"}
+        starts = list(w.stop(timeout=120).values())
+        res = common.drain_result(starts, end, args.jobs, es,
+                                  "first handler start -> no unfinished chancy_jobs row (50 ms polls)")
     else:
-        tmp = tempfile.mkdtemp(prefix="peer-chancy-")
-        out, stop = os.path.join(tmp, "w.json"), os.path.join(tmp, "stop")
-        w = common.spawn_worker(__file__, args, "serve", out, stop)
+        w = common.ServeWorker(__file__, args)
         time.sleep(3.0)
 
         async def produce() -> tuple[dict, float]:
@@ -142,9 +132,7 @@ def main() -> int:
 
         sent, elapsed = asyncio.run(produce())
         time.sleep(3.0)  # status updates are flushed every second
-        open(stop, "w").close()
-        w.wait(timeout=60)
-        starts = {k: t for k, t in common.read_records([out]) if k != "__end__"}
+        starts = w.stop()
         done, how = common.done_times(args.dsn, "chancy_jobs", "(kwargs->>'i')::int", "completed_at",
                                       "state = 'succeeded' AND (kwargs->>'i')::int >= 0")
         res = common.latency_summary(sent, starts, done, elapsed)

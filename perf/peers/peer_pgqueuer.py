@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-import tempfile
 import time
 from datetime import timedelta
 
@@ -72,7 +71,7 @@ async def worker(args) -> None:  # noqa: ANN001
     await qm.run(batch_size=args.batch or 50, mode=mode, dequeue_timeout=timedelta(seconds=30))
     end = time.time()
     watcher.cancel()
-    common.write_records(args.out, records + [("__end__", end)])
+    common.write_records(args.out, records + [(common.END, end)])
     await conn.close()
 
 
@@ -107,30 +106,18 @@ def main() -> int:
     asyncio.run(fresh(args.dsn))
     settings = {"driver": "asyncpg", "batch_size": args.batch or 50, "procs": args.procs}
     if args.scenario == "bulk-enqueue":
-        s = asyncio.run(bulk(args.dsn, args.jobs))
-        res = {"jobs": args.jobs, "seconds": round(s, 4), "jobs_per_s": round(args.jobs / s, 1),
-               "enqueue_jobs_per_s": round(args.jobs / s, 1), "method": "Queries.enqueue(lists), 50k per call"}
+        res = common.rate_result(args.jobs, asyncio.run(bulk(args.dsn, args.jobs)),
+                                 "Queries.enqueue(lists), 50k per call")
     elif args.scenario == "concurrent-insert":
         res = common.concurrent_insert(producer, args.dsn, args.producers, args.seconds)
         res["method"] = "Queries.enqueue(one job) on its own asyncpg connection (autocommit) per process"
     elif args.scenario == "drain":
         es = asyncio.run(bulk(args.dsn, args.jobs))
-        tmp = tempfile.mkdtemp(prefix="peer-pgq-")
-        outs = [os.path.join(tmp, f"w{i}.json") for i in range(args.procs)]
-        procs = [common.spawn_worker(__file__, args, "drain", o) for o in outs]
-        for p in procs:
-            p.wait(timeout=600)
-        recs = common.read_records(outs)
-        starts = [t for k, t in recs if k != "__end__"]
-        ends = [t for k, t in recs if k == "__end__"]
-        secs = max(ends) - min(starts)
-        res = {"jobs": len(starts), "seconds": round(secs, 4), "jobs_per_s": round(len(starts) / secs, 1),
-               "enqueue_jobs_per_s": round(args.jobs / es, 1), "handled": len(starts),
-               "method": "first handler start -> last worker's run(mode=drain) return (log buffer flushed)"}
+        starts, end = common.drain_workers(__file__, args, args.procs, timeout=600)
+        res = common.drain_result(starts, end, args.jobs, es,
+                                  "first handler start -> last worker's run(mode=drain) return (log buffer flushed)")
     else:  # latency
-        tmp = tempfile.mkdtemp(prefix="peer-pgq-")
-        out, stop = os.path.join(tmp, "w.json"), os.path.join(tmp, "stop")
-        w = common.spawn_worker(__file__, args, "serve", out, stop)
+        w = common.ServeWorker(__file__, args)
         time.sleep(3.0)  # worker connected and idle-waiting
 
         async def produce() -> tuple[dict, float]:
@@ -146,9 +133,7 @@ def main() -> int:
 
         sent, elapsed = asyncio.run(produce())
         time.sleep(2.0)  # let the completion-log buffer flush
-        open(stop, "w").close()
-        w.wait(timeout=60)
-        starts = {k: t for k, t in common.read_records([out]) if k != "__end__"}
+        starts = w.stop()
 
         done, how = common.done_times(args.dsn, "pgqueuer_log", "job_id", "created", "status = 'successful'")
         res = common.latency_summary(sent, starts, done, elapsed)

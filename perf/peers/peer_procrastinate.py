@@ -15,7 +15,6 @@ import contextlib
 import logging
 import os
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -69,7 +68,7 @@ async def worker(args) -> None:  # noqa: ANN001
         with contextlib.suppress(asyncio.CancelledError):
             await run
         end = time.time()
-    common.write_records(args.out, RECORDS + [("__end__", end)])
+    common.write_records(args.out, RECORDS + [(common.END, end)])
 
 
 def producer(dsn: str, window, ready) -> tuple[int, list[float]]:  # noqa: ANN001
@@ -104,30 +103,18 @@ def main() -> int:
     settings = {"connector": "PsycopgConnector", "concurrency": args.concurrency or 16, "procs": args.procs,
                 "listen_notify": True}
     if args.scenario == "bulk-enqueue":
-        s = asyncio.run(bulk(args.dsn, args.jobs))
-        res = {"jobs": args.jobs, "seconds": round(s, 4), "jobs_per_s": round(args.jobs / s, 1),
-               "enqueue_jobs_per_s": round(args.jobs / s, 1), "method": "Task.batch_defer_async, 10k per call"}
+        res = common.rate_result(args.jobs, asyncio.run(bulk(args.dsn, args.jobs)),
+                                 "Task.batch_defer_async, 10k per call")
     elif args.scenario == "concurrent-insert":
         res = common.concurrent_insert(producer, args.dsn, args.producers, args.seconds)
         res["method"] = "Task.defer_async (one job, one transaction) per process"
     elif args.scenario == "drain":
         es = asyncio.run(bulk(args.dsn, args.jobs))
-        tmp = tempfile.mkdtemp(prefix="peer-proc-")
-        outs = [os.path.join(tmp, f"w{i}.json") for i in range(args.procs)]
-        procs = [common.spawn_worker(__file__, args, "drain", o) for o in outs]
-        for p in procs:
-            p.wait(timeout=1800)
-        recs = common.read_records(outs)
-        starts = [t for k, t in recs if k != "__end__"]
-        ends = [t for k, t in recs if k == "__end__"]
-        secs = max(ends) - min(starts)
-        res = {"jobs": len(starts), "seconds": round(secs, 4), "jobs_per_s": round(len(starts) / secs, 1),
-               "enqueue_jobs_per_s": round(args.jobs / es, 1), "handled": len(starts),
-               "method": "first handler start -> last worker's run_worker_async(wait=False) return"}
+        starts, end = common.drain_workers(__file__, args, args.procs, timeout=1800)
+        res = common.drain_result(starts, end, args.jobs, es,
+                                  "first handler start -> last worker's run_worker_async(wait=False) return")
     else:
-        tmp = tempfile.mkdtemp(prefix="peer-proc-")
-        out, stop = os.path.join(tmp, "w.json"), os.path.join(tmp, "stop")
-        w = common.spawn_worker(__file__, args, "serve", out, stop)
+        w = common.ServeWorker(__file__, args)
         time.sleep(3.0)
 
         async def produce() -> tuple[dict, float]:
@@ -141,9 +128,7 @@ def main() -> int:
 
         sent, elapsed = asyncio.run(produce())
         time.sleep(1.0)
-        open(stop, "w").close()
-        w.wait(timeout=60)
-        starts = {k: t for k, t in common.read_records([out]) if k != "__end__"}
+        starts = w.stop()
         done, how = common.done_times(args.dsn, "procrastinate_events", "job_id", "at", "type = 'succeeded'")
         res = common.latency_summary(sent, starts, done, elapsed)
         res["method"] = f"pickup: handler start - enqueue ack; e2e: procrastinate_events 'succeeded', {how} - enqueue ack"
