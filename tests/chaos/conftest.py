@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.chaos.chaos_helpers import start_cluster
+from tests.chaos.chaos_helpers import drop_schema, new_schema, start_cluster
 
 
 @pytest.fixture(scope="module")
@@ -21,3 +21,11 @@ def obs(pg):
     c = pg.connect()
     yield c
     c.close()
+
+
+@pytest.fixture
+def schema(request, pg):
+    """A fresh migrated schema on the module's cluster, named after the module's ``SCHEMA_PREFIX``."""
+    s = new_schema(pg.dsn, getattr(request.module, "SCHEMA_PREFIX", "chaos"))
+    yield s
+    drop_schema(pg.dsn, s)

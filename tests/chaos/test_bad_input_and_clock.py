@@ -36,7 +36,6 @@ from tests.chaos.chaos_helpers import (
     new_schema,
     q,
     record_figures,
-    start_cluster,
     supervisors,
     wait_terminal,
 )

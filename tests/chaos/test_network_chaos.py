@@ -15,14 +15,11 @@ from tests.chaos.chaos_helpers import (
     Supervise,
     check_invariants,
     check_live,
-    drop_schema,
     enqueue_many,
-    new_schema,
     one_pickup,
     open_claims,
     q,
     record_figures,
-    start_cluster,
     supervisors,
     terminal_count,
     wait_for,
@@ -32,6 +29,8 @@ from tests.chaos.proxy import ChaosProxy
 
 SECRET = "s3cr3t-Chaos-pw"
 
+SCHEMA_PREFIX = "net"  # schema names of this module (the conftest fixture `schema`)
+
 
 @pytest.fixture
 def proxy(pg):
@@ -39,12 +38,6 @@ def proxy(pg):
     yield p
     p.stop()
 
-
-@pytest.fixture
-def schema(pg):
-    s = new_schema(pg.dsn, "net")
-    yield s
-    drop_schema(pg.dsn, s)
 
 
 def _sup(proxy, schema, tmp_path, **kw) -> Supervise:

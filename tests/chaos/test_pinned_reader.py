@@ -26,9 +26,7 @@ from tests.chaos.chaos_helpers import (
     check_invariants,
     check_live,
     dead_tuples,
-    drop_schema,
     launcher,
-    new_schema,
     q,
     record_figures,
     scalar,
@@ -43,6 +41,8 @@ READY_ROTATE_S = 2.0
 READY_SLOTS = 4
 DEAD_TUPLE_BOUND = 500
 
+SCHEMA_PREFIX = "pin"  # schema names of this module (the conftest fixture `schema`)
+
 
 @pytest.fixture(scope="module")
 def pg(tmp_path_factory):
@@ -50,12 +50,6 @@ def pg(tmp_path_factory):
     yield cc
     cc.stop()
 
-
-@pytest.fixture
-def schema(pg):
-    s = new_schema(pg.dsn, "pin")
-    yield s
-    drop_schema(pg.dsn, s)
 
 
 def _window_rates(obs, schema, since_s: float, until_s: float) -> list[int]:

@@ -13,25 +13,21 @@ import signal
 import time
 
 import psycopg
-import pytest
 
 from tests.chaos.chaos_helpers import (
     Expect,
     Supervise,
     check_invariants,
     check_live,
-    drop_schema,
     enqueue_many,
     enqueue_one,
     enqueue_rolled_back,
     leader_backend,
-    new_schema,
     process_state,
     q,
     read_exec_log,
     record_figures,
     scalar,
-    start_cluster,
     supervisors,
     terminal_count,
     wait_for,
@@ -39,11 +35,7 @@ from tests.chaos.chaos_helpers import (
 )
 
 
-@pytest.fixture
-def schema(pg):
-    s = new_schema(pg.dsn, "kills")
-    yield s
-    drop_schema(pg.dsn, s)
+SCHEMA_PREFIX = "kills"  # schema names of this module (the conftest fixture `schema`)
 
 
 def in_flight_by_pid(exec_log: pathlib.Path) -> dict[int, int]:

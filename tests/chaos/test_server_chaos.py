@@ -21,7 +21,6 @@ from tests.chaos.chaos_helpers import (
     Supervise,
     check_invariants,
     check_live,
-    drop_schema,
     enqueue_many,
     QUEUE,
     enqueue_one,
@@ -41,11 +40,7 @@ from tests.chaos.chaos_helpers import (
 )
 
 
-@pytest.fixture
-def schema(pg):
-    s = new_schema(pg.dsn, "srv")
-    yield s
-    drop_schema(pg.dsn, s)
+SCHEMA_PREFIX = "srv"  # schema names of this module (the conftest fixture `schema`)
 
 
 def test_crash_immediate_mid_load_then_restart(pg, schema, tmp_path):
