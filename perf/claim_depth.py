@@ -15,7 +15,7 @@ Benchmarks ``lane_claim[depth=D,batch=B,MODE]`` for B in 1 and 100:
 
 The master process prepares one schema per depth (``perf_depth_<D>``,
 reused when it already holds a matching backlog; ``--rebuild`` forces it).
-No DSN: ``AWA_FAST_DSN``, then the embedded server.
+No DSN: ``AWA_FAST_DSN``, ``DATABASE_URL``, then the embedded server (as the CLI).
 """
 
 from __future__ import annotations
@@ -26,24 +26,13 @@ import time
 from typing import Any
 
 import pyperf
+from quick import take_quick_flag
+
+from awa_fast.cli import resolve_dsn
 
 QUEUE = "perf"
 KIND = "perf.noop"
-QUICK = "--quick" in sys.argv
-if QUICK:
-    sys.argv.remove("--quick")
-    if "--debug-single-value" not in sys.argv and "--worker" not in sys.argv:
-        sys.argv.append("--debug-single-value")
-
-
-def _dsn(args: Any) -> str:
-    if args.dsn:
-        return args.dsn
-    if os.environ.get("AWA_FAST_DSN"):
-        return os.environ["AWA_FAST_DSN"]
-    from awa_fast.embedded import ensure_embedded
-
-    return ensure_embedded()
+QUICK = take_quick_flag()
 
 
 def schema_for(depth: int) -> str:
@@ -155,7 +144,7 @@ def main() -> None:
     runner.argparser.add_argument("--modes", default="rollback,complete")
     runner.argparser.add_argument("--rebuild", action="store_true")
     args = runner.parse_args()
-    dsn = _dsn(args)
+    dsn = resolve_dsn(args)
     args.dsn = dsn
     depths = [int(x) for x in args.depths.split(",")]
     if not args.worker:

@@ -12,8 +12,8 @@ Benchmarks (each loop: claim 512 outside the timed region, then time the flush):
                                    round trips without the commit's fsync.
 
 Schema ``perf_flush512`` (re-created by the master process); the backlog is
-refilled by COPY outside the timed region. No DSN: ``AWA_FAST_DSN``, then the
-embedded server.
+refilled by COPY outside the timed region. No DSN: ``AWA_FAST_DSN``,
+``DATABASE_URL``, then the embedded server (as the CLI).
 """
 
 from __future__ import annotations
@@ -24,26 +24,15 @@ import time
 from typing import Any
 
 import pyperf
+from quick import take_quick_flag
+
+from awa_fast.cli import resolve_dsn
 
 QUEUE = "perf"
 KIND = "perf.noop"
 SCHEMA = "perf_flush512"
 N = 512
-QUICK = "--quick" in sys.argv
-if QUICK:
-    sys.argv.remove("--quick")
-    if "--debug-single-value" not in sys.argv and "--worker" not in sys.argv:
-        sys.argv.append("--debug-single-value")
-
-
-def _dsn(args: Any) -> str:
-    if args.dsn:
-        return args.dsn
-    if os.environ.get("AWA_FAST_DSN"):
-        return os.environ["AWA_FAST_DSN"]
-    from awa_fast.embedded import ensure_embedded
-
-    return ensure_embedded()
+QUICK = take_quick_flag()
 
 
 def enqueue(dsn: str, n: int) -> None:
@@ -119,7 +108,7 @@ def main() -> None:
     runner = pyperf.Runner(add_cmdline_args=add_cmdline_args)
     runner.argparser.add_argument("--dsn", default=None)
     args = runner.parse_args()
-    dsn = _dsn(args)
+    dsn = resolve_dsn(args)
     args.dsn = dsn
     if not args.worker:
         import awa_fast

@@ -28,6 +28,7 @@ from types import ModuleType
 from typing import Any
 
 import pyperf
+from quick import take_quick_flag
 
 from awa_fast import _pycodec
 from awa_fast.jobs import ClaimSnapshot
@@ -42,11 +43,7 @@ else:
     _codec = _c_module
     _C_MISSING = ""
 
-QUICK = "--quick" in sys.argv
-if QUICK:
-    sys.argv.remove("--quick")
-    if "--debug-single-value" not in sys.argv and "--worker" not in sys.argv:
-        sys.argv.append("--debug-single-value")
+QUICK = take_quick_flag()
 
 N_READY = 16 if QUICK else 1024
 N_SNAPSHOTS = 8 if QUICK else 512
