@@ -524,12 +524,13 @@ class Exec:
 
 
 def read_exec_log(path: pathlib.Path) -> list[Exec]:
+    """Every complete line so far (a line whose write is still in progress waits for the next read)."""
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except FileNotFoundError:
         return []
     out = []
-    for line in text.splitlines():
+    for line in data[:data.rfind(b"\n") + 1].decode().splitlines():
         parts = line.split()
         if len(parts) == 5:
             out.append(Exec(parts[0], int(parts[1]), int(parts[2]), int(parts[3]), int(parts[4])))

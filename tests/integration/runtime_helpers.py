@@ -107,9 +107,13 @@ class RunLog:
         self.dir.mkdir(parents=True, exist_ok=True)
 
     def entries(self, event: str | None = None) -> list[dict[str, Any]]:
+        """Every complete line so far. Read while workers still append, a file may end in a
+        line whose write is not finished (a reader can see a write half done): that tail waits
+        for the next read."""
         out = []
         for path in sorted(self.dir.glob("*.log")):
-            for line in path.read_bytes().splitlines():
+            data = path.read_bytes()
+            for line in data[:data.rfind(b"\n") + 1].splitlines():
                 if line.strip():
                     rec = orjson.loads(line)
                     if event is None or rec["ev"] == event:
