@@ -201,6 +201,27 @@ def wait_window(window: Any) -> tuple[float, float]:
     return start_at, stop_at
 
 
+async def insert_until(window: Any, ready: Any, insert_one: Callable[[int], Any]) -> tuple[int, list[float]]:
+    """Producer side, once connected and warmed up: report ready, wait for the window, then
+    ``await insert_one(n)`` (one job, one transaction) until it ends; returns (jobs, latencies).
+
+    Only inserts that returned inside the window count.
+    """
+    ready.put(os.getpid())
+    _, stop_at = wait_window(window)
+    n, lat = 0, []
+    while True:
+        t0 = time.time()
+        if t0 >= stop_at:
+            break
+        await insert_one(n)
+        t1 = time.time()
+        if t1 <= stop_at:
+            n += 1
+            lat.append(t1 - t0)
+    return n, lat
+
+
 def _producer_shell(producer: Callable[..., tuple[int, list[float]]], dsn: str, window: Any,
                     out: Any, ready: Any) -> None:
     out.put(producer(dsn, window, ready))

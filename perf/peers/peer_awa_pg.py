@@ -78,18 +78,7 @@ def producer(dsn: str, window, ready) -> tuple[int, list[float]]:  # noqa: ANN00
     async def run() -> tuple[int, list[float]]:
         client = make_client(dsn)
         await client.insert(BenchNoop(0), queue=QUEUE)
-        ready.put(os.getpid())
-        _, stop_at = common.wait_window(window)
-        n, lat = 0, []
-        while True:
-            t0 = time.time()
-            if t0 >= stop_at:
-                break
-            await client.insert(BenchNoop(n), queue=QUEUE)
-            t1 = time.time()
-            if t1 <= stop_at:
-                n += 1
-                lat.append(t1 - t0)
+        n, lat = await common.insert_until(window, ready, lambda i: client.insert(BenchNoop(i), queue=QUEUE))
         await client.close()
         return n, lat
 

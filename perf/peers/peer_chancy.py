@@ -70,19 +70,7 @@ def producer(dsn: str, window, ready) -> tuple[int, list[float]]:  # noqa: ANN00
     async def run() -> tuple[int, list[float]]:
         async with make_app(dsn) as app:
             await app.push(bench_noop.job.with_kwargs(i=-1))
-            ready.put(os.getpid())
-            _, stop_at = common.wait_window(window)
-            n, lat = 0, []
-            while True:
-                t0 = time.time()
-                if t0 >= stop_at:
-                    break
-                await app.push(bench_noop.job.with_kwargs(i=n))
-                t1 = time.time()
-                if t1 <= stop_at:
-                    n += 1
-                    lat.append(t1 - t0)
-        return n, lat
+            return await common.insert_until(window, ready, lambda i: app.push(bench_noop.job.with_kwargs(i=i)))
 
     return asyncio.run(run())
 

@@ -80,18 +80,8 @@ def producer(dsn: str, window, ready) -> tuple[int, list[float]]:  # noqa: ANN00
         conn = await asyncpg.connect(dsn)
         q = Queries(AsyncpgDriver(conn))
         await q.enqueue(ENTRY, PAYLOAD, 0)
-        ready.put(os.getpid())
-        _, stop_at = common.wait_window(window)
-        n, lat = 0, []
-        while True:
-            t0 = time.time()
-            if t0 >= stop_at:
-                break
-            await q.enqueue(ENTRY, PAYLOAD, 0)  # autocommit: one transaction per job
-            t1 = time.time()
-            if t1 <= stop_at:
-                n += 1
-                lat.append(t1 - t0)
+        # autocommit: one transaction per job
+        n, lat = await common.insert_until(window, ready, lambda i: q.enqueue(ENTRY, PAYLOAD, 0))
         await conn.close()
         return n, lat
 

@@ -77,19 +77,7 @@ def producer(dsn: str, window, ready) -> tuple[int, list[float]]:  # noqa: ANN00
         task = app.tasks["bench_noop"]
         async with app.open_async():
             await task.defer_async(i=0)
-            ready.put(os.getpid())
-            _, stop_at = common.wait_window(window)
-            n, lat = 0, []
-            while True:
-                t0 = time.time()
-                if t0 >= stop_at:
-                    break
-                await task.defer_async(i=n)
-                t1 = time.time()
-                if t1 <= stop_at:
-                    n += 1
-                    lat.append(t1 - t0)
-        return n, lat
+            return await common.insert_until(window, ready, lambda i: task.defer_async(i=i))
 
     return asyncio.run(run())
 
