@@ -48,6 +48,21 @@ def _check_exactly_once(storage, conn, schema, ids, runlog):  # noqa: ANN001, AN
     return done
 
 
+def _start_long_job_on(pid: int, dsn: str, schema: str, runlog: RunLog, sup: SupervisorProc,
+                       others_hold: int) -> set[int]:
+    """Enqueue 800 ms jobs at the tail of the backlog and return once claimer ``pid`` runs one.
+
+    Short jobs of equal length run in lock step, so a claimer can be between two batches
+    with no handler running; a kill then cuts nothing off. The long jobs outnumber what
+    the other claimers can hold (``others_hold``: running plus buffered), so ``pid`` gets
+    some, and the kill that follows lands while one of them runs. Returns their ids.
+    """
+    long_ids = set(enqueue_bulk(dsn, schema, "rt.sleep", ({"ms": 800} for _ in range(others_hold + 36))))
+    wait_for(lambda: any(e["pid"] == pid and e["job"] in long_ids for e in runlog.entries("start")),
+             30, f"claimer {pid} to start a long job", interval=0.01, on_timeout=sup.tail)
+    return long_ids
+
+
 def test_kill_9_of_a_claimer_is_restarted_and_its_claims_rescued(pg_dsn, schema, storage, conn, tmp_path):
     storage.queue_configure(conn, QUEUE, heartbeat_timeout=HEARTBEAT_TIMEOUT)
     runlog = RunLog(tmp_path / "runlog")
@@ -60,6 +75,7 @@ def test_kill_9_of_a_claimer_is_restarted_and_its_claims_rescued(pg_dsn, schema,
         # Mid-batch: the victim has finished some jobs and is running others right now.
         wait_for(lambda: sum(1 for e in runlog.entries("run") if e["pid"] == victim) >= 100, 30,
                  "the victim claimer to complete 100 jobs", on_timeout=sup.tail)
+        ids |= _start_long_job_on(victim, pg_dsn, schema, runlog, sup, others_hold=24)
         os.kill(victim, signal.SIGKILL)
         killed_at = time.time()
         wait_for(lambda: not pid_alive(victim), 10, "the victim to die")
@@ -133,13 +149,7 @@ def test_two_supervisors_one_leader_and_failover_after_kill_9(pg_dsn, schema, st
         leader_claimer = leader.claimer_pids()[(QUEUE, 0)]
         wait_for(lambda: sum(1 for e in runlog.entries("run") if e["pid"] == leader_claimer) >= 100, 30,
                  "the leader's claimer to complete 100 jobs", on_timeout=leader.tail)
-        # Kill while the leader's claimer is surely mid-job: long jobs at the tail of
-        # the backlog, more than the standby can hold (8 running + 16 buffered), and
-        # the kill lands once the leader's claimer has started one of them.
-        long_ids = set(enqueue_bulk(pg_dsn, schema, "rt.sleep", ({"ms": 800} for _ in range(60))))
-        ids |= long_ids
-        wait_for(lambda: any(e["pid"] == leader_claimer and e["job"] in long_ids for e in runlog.entries("start")),
-                 30, "the leader's claimer to start a long job", interval=0.01, on_timeout=leader.tail)
+        ids |= _start_long_job_on(leader_claimer, pg_dsn, schema, runlog, leader, others_hold=24)
         claim_gen = int(storage.ring_state(conn)["claim"]["generation"])
 
         leader.kill_group(signal.SIGKILL)
