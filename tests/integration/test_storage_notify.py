@@ -29,4 +29,13 @@ def test_notify_unless_the_lane_has_a_real_backlog(pg_dsn, schema, storage, conn
         assert len(snaps) == 104
         client.enqueue("k", {"n": 5}, queue="nq")
         assert _drain_notifies(listener) == ["nq"]
+        # A receipt covers part of a backlog: what it does not cover still counts.
+        client.enqueue_many("k", [{"n": i} for i in range(200)], queue="nq")
+        assert len(storage.lane_claim(conn, "nq", 100)) == 100  # the one left above, and 99 more
+        _drain_notifies(listener)
+        client.enqueue("k", {"n": 6}, queue="nq")          # 101 unclaimed past the receipt: no wake
+        assert _drain_notifies(listener) == []
+        assert len(storage.lane_claim(conn, "nq", 1000)) == 102
+        client.enqueue("k", {"n": 7}, queue="nq")          # all covered again (the cursor lags): wake
+        assert _drain_notifies(listener) == ["nq"]
     client.close()
