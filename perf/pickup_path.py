@@ -1,0 +1,180 @@
+"""The pickup path, timed leg by leg, without the runtime around it.
+
+What the latency bar (pickup p50 <= 1 ms) asks of this machine. A producer
+process enqueues one job per transaction at ``--rate`` jobs/s through the
+engine's own ``job_enqueue`` (durable commit) and reports each
+acknowledgement time; this process LISTENs on the schema's channel and, on
+each NOTIFY, claims through the one claim function (``lane_claim``, one
+round trip, autocommit) until the claim comes back short. Per job it records:
+
+* ``notify``: enqueue acknowledged -> NOTIFY read by the listener (negative
+  when the notification arrives before the producer sees its COMMIT return);
+* ``claim``: NOTIFY read -> claim returned (the claim statement plus its
+  commit, which waits for WAL flush);
+* ``pickup``: enqueue acknowledged -> claim returned: the least pickup the
+  engine allows here, before any thread hand-off, handler dispatch or
+  metrics of the runtime.
+
+It runs twice: with durable claim commits (what awa-fast does) and with the
+claim connection at ``synchronous_commit = off`` (unsafe for a product, see
+bug L in docs/reliability.md; here only to show what the WAL flush costs).
+The difference between ``awa-fast bench latency``'s pickup and this
+``pickup`` is the runtime's own share.
+
+    .venv/bin/python perf/pickup_path.py [--dsn DSN] [--rate 200] [--seconds 10] [--json]
+    .venv/bin/python perf/pickup_path.py --quick        # one short run: proves it works
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from awa_fast.bench import percentiles
+from awa_fast.cli import resolve_dsn
+from awa_fast.storage import RawJson, Storage, connect, use_raw_jsonb
+from awa_fast.storage.migrate import migrate
+
+QUEUE = "pickup"
+SCHEMA = "perf_pickup_path"
+
+
+def produce(dsn: str, rate: float, seconds: float) -> None:
+    """Producer mode: one job per transaction at ``rate``; prints ``job_id ack_time`` per job."""
+    storage = Storage(SCHEMA)
+    conn = connect(dsn, application_name="awa_fast:perf:pickup-producer")
+    storage.job_enqueue(conn, "pickup-warmup", 2, "noop", RawJson(b"{}"), None, 1)  # plans, outside the window
+    out = sys.stdout
+    interval = 1.0 / rate
+    start = time.time()
+    i = 0
+    while True:
+        due = start + i * interval
+        if due - start >= seconds:
+            break
+        now = time.time()
+        if due > now:
+            time.sleep(due - now)
+        jid = storage.job_enqueue(conn, QUEUE, 2, "noop", RawJson(b"{}"), None, 1)
+        out.write(f"{jid} {time.time():.6f}\n")
+        out.flush()
+        i += 1
+    conn.close()
+
+
+def run_leg(dsn: str, rate: float, seconds: float, durable: bool) -> dict[str, Any]:
+    """One run: a producer subprocess and the listen-and-claim loop here."""
+    storage = Storage(SCHEMA)
+    conn = connect(dsn, application_name="awa_fast:perf:pickup-claimer")
+    use_raw_jsonb(conn)
+    if not durable:
+        conn.execute("SET synchronous_commit = off")
+    while storage.lane_claim(conn, QUEUE, 1024):  # an empty queue, and warm plans
+        pass
+    conn.execute(f"LISTEN {storage.channel}")
+    acks: dict[int, float] = {}
+    producer = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--producer", "--dsn", dsn,
+                                 "--rate", str(rate), "--seconds", str(seconds)],
+                                stdout=subprocess.PIPE, text=True)
+
+    def read_acks() -> None:
+        assert producer.stdout is not None
+        for line in producer.stdout:
+            jid, t = line.split()
+            acks[int(jid)] = float(t)
+
+    reader = threading.Thread(target=read_acks, daemon=True)
+    reader.start()
+    claimed: dict[int, tuple[float, float]] = {}  # job -> (notify read, claim returned)
+    deadline = time.time() + seconds + 5
+    while time.time() < deadline and (producer.poll() is None or len(claimed) < len(acks)):
+        # leave the notifies() generator before using the connection again
+        if not list(conn.notifies(timeout=0.2, stop_after=1)):
+            continue
+        t_notify = time.time()
+        while True:
+            snaps, busy = storage.lane_claim_result(conn, QUEUE, 8)
+            t_claim = time.time()
+            for snap in snaps:
+                claimed[snap.job_id] = (t_notify, t_claim)
+            if not snaps and not busy:
+                break
+    producer.wait(10)
+    reader.join(10)
+    conn.close()
+    jobs = [j for j in acks if j in claimed]
+    ms = 1000.0
+    return {
+        "durable_claim": durable,
+        "jobs": len(jobs),
+        "unclaimed": len(acks) - len(jobs),
+        "notify_ms": percentiles([(claimed[j][0] - acks[j]) * ms for j in jobs]),
+        "claim_ms": percentiles([(claimed[j][1] - claimed[j][0]) * ms for j in jobs]),
+        "pickup_ms": percentiles([(claimed[j][1] - acks[j]) * ms for j in jobs]),
+    }
+
+
+def commit_ms(dsn: str, n: int) -> dict[str, float] | None:
+    """Round trip of a one-row INSERT with its durable commit (the WAL flush alone, nearly)."""
+    with connect(dsn) as conn:
+        conn.execute("DROP TABLE IF EXISTS perf_pickup_commit")
+        conn.execute("CREATE TABLE perf_pickup_commit (x int)")
+        out = []
+        for i in range(n):
+            t0 = time.perf_counter()
+            conn.execute("INSERT INTO perf_pickup_commit VALUES (%s)", (i,))
+            out.append((time.perf_counter() - t0) * 1000.0)
+        conn.execute("DROP TABLE perf_pickup_commit")
+    return percentiles(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dsn")
+    ap.add_argument("--rate", type=float, default=200.0)
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="one-second legs: proves the script runs")
+    ap.add_argument("--producer", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    dsn = resolve_dsn(args.dsn)
+    if args.producer:
+        produce(dsn, args.rate, args.seconds)
+        return 0
+    seconds = 1.0 if args.quick else args.seconds
+    with connect(dsn) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+    migrate(dsn, SCHEMA)
+    load0 = os.getloadavg()
+    result = {
+        "rate": args.rate, "seconds": seconds, "loadavg_start": [round(x, 2) for x in load0],
+        "durable_commit_ms": commit_ms(dsn, 50 if args.quick else 500),
+        "legs": [run_leg(dsn, args.rate, seconds, durable=True), run_leg(dsn, args.rate, seconds, durable=False)],
+        "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+    }
+    with connect(dsn) as conn:
+        conn.execute(f"DROP SCHEMA {SCHEMA} CASCADE")
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return 0
+    print(f"rate {args.rate:g}/s for {seconds:g} s; load {result['loadavg_start']} -> {result['loadavg_end']}")
+    c = result["durable_commit_ms"]
+    print(f"one-row INSERT + durable commit: p50 {c['p50']:.2f} ms, p95 {c['p95']:.2f} ms")
+    print("| claim commit | jobs | notify p50/p95 ms | claim p50/p95 ms | pickup p50/p95/p99 ms |")
+    print("|---|---|---|---|---|")
+    for leg in result["legs"]:
+        n, cl, p = leg["notify_ms"], leg["claim_ms"], leg["pickup_ms"]
+        print(f"| {'durable' if leg['durable_claim'] else 'async (unsafe)'} | {leg['jobs']} "
+              f"| {n['p50']:.2f} / {n['p95']:.2f} | {cl['p50']:.2f} / {cl['p95']:.2f} "
+              f"| {p['p50']:.2f} / {p['p95']:.2f} / {p['p99']:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
