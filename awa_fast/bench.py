@@ -14,6 +14,13 @@ Scenarios (see ``docs/performance.md`` for the exact commands and results):
                        ``ready_entries`` stays open; dead tuples over time, then the
                        reclaim after the reader ends.
 
+``--payload-bytes N`` (drain, bulk-enqueue) pads every job's args with a
+``"pad"`` string of random hex (TOAST compression cannot shrink it) to about N
+bytes of compact JSON. ``--rss-every S`` (latency, pinned-reader) samples the
+VmRSS of every claimer process every S seconds while the producer runs and
+reports ``claimer_rss_kb``; growth is counted from the sample at a quarter of
+the run, so warm-up is not growth.
+
 Every run drops and re-migrates its own schema (``bench_<scenario>``, or
 ``--schema`` when it starts with ``bench``), so it never touches an
 application's schema.
@@ -55,6 +62,7 @@ import multiprocessing
 import os
 import pathlib
 import platform
+import secrets
 import shutil
 import signal
 import struct
@@ -70,6 +78,7 @@ import psycopg
 
 import awa_fast
 from awa_fast.app import App
+from awa_fast.client import MAX_PAYLOAD_BYTES
 from awa_fast.errors import ConfigError
 from awa_fast.jobs import AttemptClosed
 from awa_fast.storage.schema import render
@@ -147,6 +156,30 @@ def percentiles(values: Sequence[float], ps: Sequence[float] = (50, 95, 99)) -> 
 
 def _ms(pct: dict[str, float] | None, digits: int = 3) -> dict[str, float] | None:
     return None if pct is None else {k: round(v * 1000.0, digits) for k, v in pct.items()}
+
+
+def _json_len(obj: Any) -> int:
+    """Bytes of ``obj`` as compact JSON (what the client's encoder writes for these plain dicts)."""
+    return len(json.dumps(obj, separators=(",", ":")).encode())
+
+
+def payload_pad(args: argparse.Namespace, widest: dict[str, Any]) -> str | None:
+    """The ``"pad"`` value that brings ``widest`` to about ``--payload-bytes`` of JSON; None when not set.
+
+    Random hex, so TOAST compression cannot shrink the stored args; one string
+    shared by every job (jobs with a shorter ``n`` come out a few bytes smaller).
+    """
+    target = getattr(args, "payload_bytes", None)
+    if target is None:
+        return None
+    k = max(0, int(target) - _json_len({**widest, "pad": ""}))
+    return secrets.token_hex((k + 1) // 2)[:k]
+
+
+def copy_chunk(args: argparse.Namespace) -> int:
+    """Rows per COPY chunk: 50k, fewer for big payloads (about 64 MiB of args per chunk)."""
+    target = getattr(args, "payload_bytes", None)
+    return 50_000 if target is None else max(100, min(50_000, (64 << 20) // max(1, int(target))))
 
 
 class Progress:
@@ -453,6 +486,102 @@ class SupervisorProc:
         return self.exit_code
 
 
+def rss_kb(pid: int) -> int | None:
+    """VmRSS of ``pid`` in kB (``/proc/<pid>/status``); None when it is gone or unreadable."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmRSS:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+class RssSampler:
+    """Samples the VmRSS of every claimer process of a bench supervisor, every ``every`` seconds.
+
+    Claimer pids come from the supervisor's shared-memory records, read at
+    each sample (a restarted claimer shows up as a new pid). A thread samples
+    at ``start``, then on a fixed schedule, and once more at ``stop``.
+    """
+
+    def __init__(self, sup: SupervisorProc, every: float) -> None:
+        self.sup, self.every = sup, float(every)
+        self.samples: list[tuple[float, dict[str, int]]] = []
+        self.claimers: dict[str, str] = {}  # pid -> "queue#stripe"
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._t0 = 0.0
+
+    def _sample(self) -> None:
+        now = time.monotonic() - self._t0
+        rss: dict[str, int] = {}
+        for rec in self.sup.counters()["records"]:
+            pid = int(rec["pid"])
+            kb = rss_kb(pid) if pid > 0 else None
+            if kb is not None:
+                rss[str(pid)] = kb
+                self.claimers.setdefault(str(pid), f"{rec['queue']}#{rec['stripe']}")
+        self.samples.append((now, rss))
+
+    def _run(self) -> None:
+        k = 1
+        while not self._stop.wait(max(0.0, self._t0 + k * self.every - time.monotonic())):
+            self._sample()
+            k += 1
+
+    def start(self) -> None:
+        self._t0 = time.monotonic()
+        self._sample()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self, final: bool = True) -> None:
+        """Stop the thread (before the supervisor's ring is closed); one last sample unless ``final`` is False."""
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._thread.join(10)
+        self._thread = None
+        if final:
+            self._sample()
+
+    def summary(self) -> dict[str, Any]:
+        """``claimer_rss_kb``: the samples, and per claimer first/last/min/max and growth since 1/4 of the run."""
+        end_t = self.samples[-1][0] if self.samples else 0.0
+        per: dict[str, Any] = {}
+        for pid, label in self.claimers.items():
+            series = [(t, m[pid]) for t, m in self.samples if pid in m]
+            values = [v for _, v in series]
+            q_t, q_v = next(((t, v) for t, v in series if t >= end_t / 4), series[-1])
+            tail = [(t, v) for t, v in series if t >= q_t]
+            per[pid] = {"claimer": label, "samples": len(series), "first": values[0], "last": values[-1],
+                        "min": min(values), "max": max(values), "quarter_t": round(q_t, 2), "quarter": q_v,
+                        "growth": values[-1] - q_v,
+                        "growth_pct": round(100.0 * (values[-1] - q_v) / q_v, 2) if q_v else None,
+                        "slope_kb_per_min": _slope_per_min(tail)}
+        growths = [c["growth"] for c in per.values()]
+        return {"every_s": self.every, "seconds": round(end_t, 2),
+                "samples": [[round(t, 2), m] for t, m in self.samples], "per_claimer": per,
+                "max_growth": max(growths) if growths else None,
+                "method": "VmRSS (kB) of each claimer pid published in the supervisor's shared memory, "
+                          "sampled while the producer runs; growth = last sample - first sample at or after "
+                          "1/4 of the run (warm-up excluded); slope = least squares over that tail"}
+
+
+def _slope_per_min(series: Sequence[tuple[float, int]]) -> float | None:
+    """Least-squares slope of (seconds, kB) points in kB per minute; None for fewer than 2 distinct times."""
+    if len(series) < 2:
+        return None
+    mt = sum(t for t, _ in series) / len(series)
+    mv = sum(v for _, v in series) / len(series)
+    var = sum((t - mt) ** 2 for t, _ in series)
+    if var <= 0:
+        return None
+    return round(60.0 * sum((t - mt) * (v - mv) for t, v in series) / var, 2)
+
+
 # -- producers ---------------------------------------------------------------------------
 
 
@@ -534,10 +663,12 @@ def _wait_done(sup: SupervisorProc, target: int, timeout: float, progress: Progr
 
 def bench_drain(args: argparse.Namespace, dsn: str, schema: str, srv: dict[str, Any]) -> dict[str, Any]:
     n = int(args.jobs)
+    pad = payload_pad(args, {"n": n - 1})
     client = App(dsn=dsn, schema=schema)
     bar = Progress("enqueue", n)
     t0 = time.perf_counter()
-    client.enqueue_many(KIND, ({"n": i} for i in range(n)), queue=QUEUE, progress=bar.update, chunk=50_000)
+    jobs = ({"n": i} for i in range(n)) if pad is None else ({"n": i, "pad": pad} for i in range(n))
+    client.enqueue_many(KIND, jobs, queue=QUEUE, progress=bar.update, chunk=copy_chunk(args))
     enqueue_s = time.perf_counter() - t0
     bar.close()
     client.close()
@@ -579,7 +710,7 @@ def bench_drain(args: argparse.Namespace, dsn: str, schema: str, srv: dict[str, 
         sup.stop()
     seconds = observed_end - first_claim
     db_span = (float(last_done[0]) - first_claim) if last_done and last_done[0] is not None else None
-    return {
+    out: dict[str, Any] = {
         "jobs": n, "seconds": round(seconds, 4), "jobs_per_s": round(n / seconds, 1),
         "db_span_s": round(db_span, 4) if db_span else None,
         "db_span_jobs_per_s": round(n / db_span, 1) if db_span else None,
@@ -590,27 +721,39 @@ def bench_drain(args: argparse.Namespace, dsn: str, schema: str, srv: dict[str, 
         "notes": "pickup/e2e not measured for a bulk backlog (they would measure queueing); "
                  "shm_* are the runtime's created_at-based histograms",
     }
+    if pad is not None:
+        out["args_bytes"] = _json_len({"n": n - 1, "pad": pad})
+    return out
 
 
 def bench_bulk_enqueue(args: argparse.Namespace, dsn: str, schema: str, srv: dict[str, Any]) -> dict[str, Any]:
     n = int(args.jobs)
     client = App(dsn=dsn, schema=schema)
     client.enqueue_many(KIND, [{"warm": 1}], queue="bench-warmup")  # connect, warm caches
+    pad = payload_pad(args, {"n": n - 1, "to": f"user{n - 1}@example.com"})
     payloads = [{"n": i, "to": f"user{i}@example.com"} for i in range(n)]
+    if pad is not None:
+        for p in payloads:
+            p["pad"] = pad
     cpu = CpuMeter(srv["postmaster_pid"])
     bar = Progress("enqueue", n)
     cpu.start()
     t0 = time.perf_counter()
-    client.enqueue_many(KIND, payloads, queue=QUEUE, progress=bar.update, chunk=50_000)
+    client.enqueue_many(KIND, payloads, queue=QUEUE, progress=bar.update, chunk=copy_chunk(args))
     seconds = time.perf_counter() - t0
     cpu_res = cpu.stop()
     bar.close()
     client.close()
     rate = n / seconds
-    return {"jobs": n, "seconds": round(seconds, 4), "jobs_per_s": round(rate, 1),
-            "enqueue_jobs_per_s": round(rate, 1), "pickup_ms": None, "e2e_ms": None, "cpu": cpu_res,
-            "notes": "one App.enqueue_many call (payload checks + JSON encode + binary COPY), one transaction, "
-                     "50k rows per COPY chunk; payload {n, to}"}
+    shape = ("50k rows per COPY chunk; payload {n, to}" if pad is None
+             else f"{copy_chunk(args):,} rows per COPY chunk; payload {{n, to, pad}}")
+    out: dict[str, Any] = {
+        "jobs": n, "seconds": round(seconds, 4), "jobs_per_s": round(rate, 1),
+        "enqueue_jobs_per_s": round(rate, 1), "pickup_ms": None, "e2e_ms": None, "cpu": cpu_res,
+        "notes": f"one App.enqueue_many call (payload checks + JSON encode + binary COPY), one transaction, {shape}"}
+    if pad is not None:
+        out["args_bytes"] = _json_len(payloads[-1])
+    return out
 
 
 def bench_concurrent_insert(args: argparse.Namespace, dsn: str, schema: str,
@@ -668,6 +811,8 @@ def _latency_run(args: argparse.Namespace, dsn: str, schema: str, srv: dict[str,
     stop_sampler = threading.Event()
     reader: psycopg.Connection | None = None
     pin_window: tuple[float, float] | None = None
+    rss_every = float(getattr(args, "rss_every", 0.0) or 0.0)
+    rss: RssSampler | None = None
     try:
         client.enqueue(KIND, {"warm": 1}, queue="bench-warmup")  # connect outside the window
         sup.start()
@@ -696,6 +841,9 @@ def _latency_run(args: argparse.Namespace, dsn: str, schema: str, srv: dict[str,
             sampler = threading.Thread(target=_sample, name="dead-tuple-sampler", daemon=True)
             sampler.start()
         cpu.start()
+        if rss_every > 0:
+            rss = RssSampler(sup, rss_every)
+            rss.start()
         total_s = seconds + reclaim_s
         bar = Progress("latency", total_s, "s")
         t_run0 = time.time()
@@ -709,6 +857,8 @@ def _latency_run(args: argparse.Namespace, dsn: str, schema: str, srv: dict[str,
             phase["name"] = "reclaim"
             steady_producer(client, rate, reclaim_s, sent, progress=bar, offset=seconds)
         produced_s = time.time() - t_run0
+        if rss is not None:
+            rss.stop()
         bar.close()
         _wait_done(sup, len(sent), timeout=60.0)
         cpu_res = cpu.stop()
@@ -721,6 +871,8 @@ def _latency_run(args: argparse.Namespace, dsn: str, schema: str, srv: dict[str,
         code = sup.stop()
     finally:
         stop_sampler.set()
+        if rss is not None:
+            rss.stop(final=False)  # before sup.stop() closes the ring it reads
         if reader is not None:
             reader.close()
         client.close()
@@ -766,6 +918,8 @@ def _latency_run(args: argparse.Namespace, dsn: str, schema: str, srv: dict[str,
                   "e2e = completion COMMIT return time in the batcher - enqueue commit ack (trace hook); "
                   "e2e_db = done_entries.finished_at (start of the completing transaction) - enqueue ack",
     }
+    if rss is not None:
+        out["claimer_rss_kb"] = rss.summary()
     if pinned:
         phases = {}
         for name, rows in by_phase.items():
@@ -853,6 +1007,12 @@ def format_table(res: dict[str, Any]) -> str:
         for name, ph in res.get("phases", {}).items():
             rows.append((f"  {name}: jobs/s, e2e p99 ms",
                          f"{ph['jobs_per_s']}, {ph['e2e_ms']['p99'] if ph['e2e_ms'] else '-'}"))
+    rss = res.get("claimer_rss_kb")
+    if rss:
+        for pid, c in rss["per_claimer"].items():
+            rows.append((f"rss kB {c['claimer']} pid {pid}",
+                         f"first {c['first']:,}, 1/4 {c['quarter']:,}, last {c['last']:,}, max {c['max']:,}; "
+                         f"growth {c['growth']:+,} ({c['slope_kb_per_min']} kB/min) over {c['samples']} samples"))
     cpu = res.get("cpu") or {}
     if cpu:
         rows.append(("cpu s: workers / postgres / bench / other",
@@ -878,6 +1038,17 @@ def run_bench(args: argparse.Namespace, dsn: str) -> int:
             raise ConfigError(f"--{name} must be at least 1")
     if float(args.rate) <= 0 or float(args.seconds) <= 0:
         raise ConfigError("--rate and --seconds must be positive")
+    payload_bytes = getattr(args, "payload_bytes", None)
+    if payload_bytes is not None:
+        if scenario not in ("drain", "bulk-enqueue"):
+            raise ConfigError("--payload-bytes applies to the drain and bulk-enqueue scenarios only")
+        if not 1 <= int(payload_bytes) <= MAX_PAYLOAD_BYTES:
+            raise ConfigError(f"--payload-bytes must be between 1 and {MAX_PAYLOAD_BYTES}")
+    rss_every = float(getattr(args, "rss_every", 0.0) or 0.0)
+    if rss_every < 0 or not math.isfinite(rss_every):
+        raise ConfigError("--rss-every must be 0 (off) or a positive number of seconds")
+    if rss_every and scenario not in ("latency", "pinned-reader"):
+        raise ConfigError("--rss-every applies to the latency and pinned-reader scenarios only")
     schema = _schema_for(args)
     load_start = [round(x, 2) for x in os.getloadavg()]
     started = time.time()
@@ -904,7 +1075,8 @@ def run_bench(args: argparse.Namespace, dsn: str) -> int:
         "schema": schema,
         "settings": {"jobs": args.jobs, "rate": args.rate, "seconds": args.seconds,
                      "concurrency": args.concurrency, "stripes": args.stripes, "batch": args.batch,
-                     "producers": args.producers, "server": srv["settings"]},
+                     "producers": args.producers, "payload_bytes": payload_bytes, "rss_every": rss_every,
+                     "server": srv["settings"]},
     }
     text = json.dumps(res, sort_keys=True, default=str)
     if getattr(args, "save", False):

@@ -327,6 +327,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--producers", type=int, default=10)
     sp.add_argument("--save", action="store_true", help="also write the JSON to perf/results/")
     sp.add_argument("--reclaim-seconds", type=float, default=None, help="pinned-reader: reclaim wait after unpin")
+    sp.add_argument("--payload-bytes", type=int, default=None, metavar="N",
+                    help="drain, bulk-enqueue: pad each job's args to about N bytes of JSON")
+    sp.add_argument("--rss-every", type=float, default=0.0, metavar="SECONDS",
+                    help="latency, pinned-reader: sample every claimer's RSS this often (0: off)")
     common(sp)
     sp.set_defaults(func=cmd_bench)
     return p
