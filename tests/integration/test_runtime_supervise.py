@@ -10,6 +10,7 @@ import collections
 import signal
 import time
 
+import psycopg
 import pytest
 
 from tests.integration.runtime_helpers import (
@@ -204,3 +205,36 @@ def test_one_job_at_a_time_costs_about_one_claim_each(pg_dsn, schema, storage, c
         calls = sup.local_status()["claimers"][0]["claim_calls"] - before
         assert sup.stop() == 0, sup.tail()
     assert n <= calls <= n + 3, calls
+
+
+def test_a_busy_lane_is_retried_every_few_ms_not_at_the_poll_interval(pg_dsn, schema, storage, conn, tmp_path):
+    """While another session holds the lane head, the claimer keeps trying at a short cap.
+
+    Two stripes draining one lane take turns on its head; a pause that
+    doubled towards the poll interval left one stripe asleep while the other
+    drained alone. Here the test holds every lane head of the queue for 1.5 s
+    with jobs waiting: a claimer capped at 20 ms makes ~70 claim calls, one
+    that doubled its pause towards 1 s makes ~10.
+    """
+    hold = 1.5
+    storage.queue_configure(conn, QUEUE, enqueue_shards=1)  # one lane: the one the test holds
+    with SupervisorProc(pg_dsn, schema, tmp_path, queues=[f"{QUEUE}:stripes=1,concurrency=4"],
+                        poll_interval=1.0) as sup:
+        sup.wait_running(1)
+        enqueue_one(pg_dsn, schema, "rt.sync", {"i": -1})  # the lane exists and the claimer is warm
+        wait_for(lambda: counts(storage, conn).get("completed", 0) == 1, 10, "the first job", on_timeout=sup.tail)
+        wait_for(lambda: (sup.local_status() or {}).get("claimers", [{}])[0].get("completed", 0) >= 1, 10,
+                 "the claimer's counters", on_timeout=sup.tail)
+        before = sup.local_status()["claimers"][0]["claim_calls"]
+        with psycopg.connect(pg_dsn) as holder:  # a transaction: the row locks last until rollback
+            sqlx(holder, schema, "SELECT 1 FROM __SCHEMA__.queue_claim_heads WHERE queue = %s FOR UPDATE", (QUEUE,))
+            for i in range(5):
+                enqueue_one(pg_dsn, schema, "rt.sync", {"i": i})
+            time.sleep(hold)  # the fault's length, not a wait for an event
+            holder.rollback()
+        wait_for(lambda: counts(storage, conn).get("completed", 0) == 6, 10, "the held jobs", on_timeout=sup.tail)
+        wait_for(lambda: sup.local_status()["claimers"][0]["completed"] >= 6, 10, "the counters to catch up",
+                 on_timeout=sup.tail)
+        calls = sup.local_status()["claimers"][0]["claim_calls"] - before
+        assert sup.stop() == 0, sup.tail()
+    assert 30 <= calls <= hold / 0.002, calls
