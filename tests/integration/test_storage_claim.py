@@ -201,6 +201,32 @@ def test_claims_across_ready_slots_keep_lane_order(pg_dsn, schema, storage, conn
     assert counts(storage, conn, Q) == {"completed": 6}
 
 
+def test_claims_cross_a_rolled_back_reservation_and_a_ready_rotation(pg_dsn, schema, storage, conn):
+    """The claim looks for the next segment in the current ready slot first (migration 0005).
+
+    It may take a segment found there only if it holds the very next lane
+    position; here the current slot's first segment starts after a gap (a
+    rolled-back enqueue) and rows of the older slot come first.
+    """
+    storage.queue_configure(conn, Q, enqueue_shards=1)
+    a = [enqueue(schema, conn, Q, {"i": i}) for i in range(3)]
+    with connect(pg_dsn, schema, autocommit=False, tag="rollback") as c:
+        enqueue(schema, c, Q, {"i": "gone"})
+        c.rollback()
+    assert storage.ring_rotate(conn, "ready") == 1
+    with connect(pg_dsn, schema, autocommit=False, tag="rollback") as c:
+        enqueue(schema, c, Q, {"i": "gone too"})
+        c.rollback()
+    b = [enqueue(schema, conn, Q, {"i": i}) for i in range(3, 9)]
+    assert [s.job_id for s in claim(storage, conn, Q, 2)] == a[:2]
+    snaps = claim(storage, conn, Q, 3)
+    assert [s.job_id for s in snaps] == a[2:] + b[:2]
+    assert [s.ready_slot for s in snaps] == [0, 1, 1]
+    assert [s.job_id for s in claim(storage, conn, Q, 2)] == b[2:4]   # mid-segment, current slot
+    assert [s.job_id for s in claim(storage, conn, Q, 10)] == b[4:]
+    assert claim(storage, conn, Q, 10) == []
+
+
 # -- the backlog marker of claim_batch_v2 (Storage.lane_claim_result) --------------------------
 
 
