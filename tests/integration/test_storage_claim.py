@@ -202,11 +202,10 @@ def test_claims_across_ready_slots_keep_lane_order(pg_dsn, schema, storage, conn
 
 
 def test_claims_cross_a_rolled_back_reservation_and_a_ready_rotation(pg_dsn, schema, storage, conn):
-    """The claim looks for the next segment in the current ready slot first (migration 0005).
+    """Lane order holds across a gap a rolled-back enqueue left and a ready rotation.
 
-    It may take a segment found there only if it holds the very next lane
-    position; here the current slot's first segment starts after a gap (a
-    rolled-back enqueue) and rows of the older slot come first.
+    Rows of the older slot come first; the current slot's first segment
+    starts after a gap in the lane sequence, which the cursor crosses.
     """
     storage.queue_configure(conn, Q, enqueue_shards=1)
     a = [enqueue(schema, conn, Q, {"i": i}) for i in range(3)]
