@@ -1,9 +1,9 @@
 """The pickup path, timed leg by leg, without the runtime around it.
 
 What the latency bar (pickup p50 <= 1 ms) asks of this machine. A producer
-process enqueues one job per transaction at ``--rate`` jobs/s through the
-engine's own ``job_enqueue`` (durable commit) and reports each
-acknowledgement time; this process LISTENs on the schema's channel and, on
+process enqueues one job per transaction at ``--rate`` jobs/s exactly as
+``awa-fast bench latency`` does (``App.enqueue``, durable commit) and reports
+each acknowledgement time; this process LISTENs on the schema's channel and, on
 each NOTIFY, claims through the one claim function (``lane_claim``, one
 round trip, autocommit) until the claim comes back short. Per job it records:
 
@@ -36,36 +36,29 @@ import threading
 import time
 from typing import Any
 
-from awa_fast.bench import percentiles
+from awa_fast.app import App
+from awa_fast.bench import KIND, QUEUE, percentiles, steady_producer
 from awa_fast.cli import resolve_dsn
-from awa_fast.storage import RawJson, Storage, connect, use_raw_jsonb
+from awa_fast.storage import Storage, connect, use_raw_jsonb
 from awa_fast.storage.migrate import migrate
 
-QUEUE = "pickup"
 SCHEMA = "perf_pickup_path"
 
 
+class _AckWriter:
+    """What ``steady_producer`` appends to: each (job id, ack time) goes out as a line at once."""
+
+    def append(self, item: tuple[int, float]) -> None:
+        sys.stdout.write(f"{item[0]} {item[1]:.6f}\n")
+        sys.stdout.flush()
+
+
 def produce(dsn: str, rate: float, seconds: float) -> None:
-    """Producer mode: one job per transaction at ``rate``; prints ``job_id ack_time`` per job."""
-    storage = Storage(SCHEMA)
-    conn = connect(dsn, application_name="awa_fast:perf:pickup-producer")
-    storage.job_enqueue(conn, "pickup-warmup", 2, "noop", RawJson(b"{}"), None, 1)  # plans, outside the window
-    out = sys.stdout
-    interval = 1.0 / rate
-    start = time.time()
-    i = 0
-    while True:
-        due = start + i * interval
-        if due - start >= seconds:
-            break
-        now = time.time()
-        if due > now:
-            time.sleep(due - now)
-        jid = storage.job_enqueue(conn, QUEUE, 2, "noop", RawJson(b"{}"), None, 1)
-        out.write(f"{jid} {time.time():.6f}\n")
-        out.flush()
-        i += 1
-    conn.close()
+    """Producer mode: the latency bench's producer (App.enqueue, one job per transaction) at ``rate``."""
+    app = App(dsn=dsn, schema=SCHEMA)
+    app.enqueue(KIND, {"warm": 1}, queue="pickup-warmup")  # connect and plan outside the window
+    steady_producer(app, rate, seconds, _AckWriter())  # type: ignore[arg-type]
+    app.close()
 
 
 def run_leg(dsn: str, rate: float, seconds: float, durable: bool) -> dict[str, Any]:

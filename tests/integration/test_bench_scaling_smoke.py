@@ -6,13 +6,11 @@ must be done, and every claimer must have positive RSS samples.
 
 from __future__ import annotations
 
-import json
-import uuid
-
 import pytest
 
 from awa_fast.bench import RssSampler
 from awa_fast.cli import main
+from tests.integration.bench_helpers import run_bench
 
 pytestmark = pytest.mark.integration
 
@@ -21,14 +19,7 @@ SMALL = ["--jobs", "200", "--seconds", "1.5", "--rate", "50", "--stripes", "1", 
 
 
 def _run(capsys: pytest.CaptureFixture[str], pg_dsn: str, scenario: str, *extra: str) -> dict:
-    schema = "bench_t_" + uuid.uuid4().hex[:10]
-    code = main(["--log-level", "WARNING", "bench", scenario, "--dsn", pg_dsn, "--schema", schema, "--json",
-                 *SMALL, *extra])
-    out = capsys.readouterr().out.strip().splitlines()
-    assert code == 0
-    data = json.loads(out[-1])
-    assert data["scenario"] == scenario
-    return data
+    return run_bench(capsys, pg_dsn, scenario, *SMALL, *extra)
 
 
 def test_drain_default_records_no_padding(capsys, pg_dsn):

@@ -7,12 +7,11 @@ positive numbers. The whole module stays well under a minute.
 
 from __future__ import annotations
 
-import json
-import uuid
 
 import pytest
 
 from awa_fast.cli import main
+from tests.integration.bench_helpers import run_bench
 
 pytestmark = pytest.mark.integration
 
@@ -24,12 +23,7 @@ SMALL = ["--jobs", "300", "--seconds", "1.5", "--rate", "50", "--producers", "2"
 
 
 def _run(capsys: pytest.CaptureFixture[str], pg_dsn: str, scenario: str, *extra: str) -> dict:
-    schema = "bench_t_" + uuid.uuid4().hex[:10]
-    code = main(["--log-level", "WARNING", "bench", scenario, "--dsn", pg_dsn, "--schema", schema, "--json",
-                 *SMALL, *extra])
-    out = capsys.readouterr().out.strip().splitlines()
-    assert code == 0
-    data = json.loads(out[-1])
+    data = run_bench(capsys, pg_dsn, scenario, *SMALL, *extra)
     for key in KEYS:
         assert key in data, key
     assert data["scenario"] == scenario
