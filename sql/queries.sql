@@ -40,6 +40,11 @@ SELECT job_id, run_lease FROM __SCHEMA__.receipt_complete_rows_v2(%s::int[], %s:
 INSERT INTO __SCHEMA__.lease_claim_closure_batches (claim_slot, claim_id, outcome)
 SELECT s, c, 1 FROM unnest(%s::int[], %s::bigint[]) AS u(s, c)
 
+-- name: attempts_completed
+-- Which of these attempts have a completed done row under their own run_lease (a replayed flush's check).
+SELECT job_id, run_lease FROM __SCHEMA__.done_entries
+WHERE job_id = ANY(%s::bigint[]) AND state = 1
+
 -- name: attempt_state_delete
 -- Drop the mutable state of attempts that just ended (primary key probes).
 DELETE FROM __SCHEMA__.attempt_state a

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import psycopg
 
 from awa_fast.errors import DatabaseUnavailable
-from awa_fast.jobs import Job
+from awa_fast.jobs import ClaimSnapshot, Job
 from awa_fast.storage import CLOSE_COMPLETE, Storage, close_quietly, connect
 
 log = logging.getLogger("awa_fast.batcher")
@@ -80,6 +80,7 @@ class CompletionBatcher:
         self._conn: psycopg.Connection | None = None
         self.flushes = 0
         self.dropped = 0  # outcomes that could not be written (their attempts get rescued)
+        self.replayed = 0  # completions a replay found already committed by this batcher
         self.died = False
         self._on_death: Callable[[], None] | None = None
         self.flush_started: float | None = None  # monotonic start of the flush in progress (watchdog)
@@ -155,11 +156,15 @@ class CompletionBatcher:
 
     def _flush_with_retry(self, batch: list[tuple[Job, Outcome]]) -> None:
         delay = 0.05
+        replay = False
         while True:
             try:
-                self._flush(batch)
+                self._flush(batch, replay)
                 return
             except (psycopg.OperationalError, DatabaseUnavailable) as exc:
+                # The COMMIT may have landed with only its acknowledgement lost:
+                # the next try is a replay and may find its own work done.
+                replay = True
                 log.warning("completion flush of %d outcomes failed (%s); retrying in %.2fs",
                             len(batch), str(exc).strip().splitlines()[0] if str(exc) else exc, delay,
                             extra={"action": "batcher_retry"})
@@ -193,12 +198,12 @@ class CompletionBatcher:
                 self._remaining[cid] = left
         self._on_flushed(FlushReport(batch, {(j.id, j.run_lease) for j, _ in batch}, 0.0, time.time()))
 
-    def _flush(self, batch: list[tuple[Job, Outcome]]) -> None:
+    def _flush(self, batch: list[tuple[Job, Outcome]], replay: bool = False) -> None:
         t0 = time.perf_counter()
         conn = self._connection()
         self.flush_started = time.monotonic()
         try:
-            self._flush_on(conn, batch, t0)
+            self._flush_on(conn, batch, t0, replay)
         finally:
             self.flush_started = None
 
@@ -206,7 +211,8 @@ class CompletionBatcher:
         """The batcher's connection, if open (for the watchdog)."""
         return self._conn
 
-    def _flush_on(self, conn: psycopg.Connection, batch: list[tuple[Job, Outcome]], t0: float) -> None:
+    def _flush_on(self, conn: psycopg.Connection, batch: list[tuple[Job, Outcome]], t0: float,
+                  replay: bool = False) -> None:
         completes = []
         others = []
         per_receipt: dict[int, list[int]] = {}  # claim_id -> [completions, all]
@@ -232,6 +238,8 @@ class CompletionBatcher:
         if not others and len(completes) <= self.config.small_flush:
             # Low-latency path: one statement, one round trip, one commit.
             stale.update(self.storage.receipt_complete_rows(conn, completes, self._stateful))
+            if replay and stale:
+                stale -= self._own_completions(conn, stale, completes)
             self._after_flush(batch, per_receipt, stale, t0)
             return
         with conn.transaction():
@@ -244,7 +252,29 @@ class CompletionBatcher:
                 for r in self.storage.attempt_close(conn, others):
                     if r.status == "stale":
                         stale.add((r.job_id, r.run_lease))
+        if replay and stale:
+            stale -= self._own_completions(conn, stale, completes)
         self._after_flush(batch, per_receipt, stale, t0)
+
+    def _own_completions(self, conn: psycopg.Connection, stale: set[tuple[int, int]],
+                         completes: Sequence[ClaimSnapshot]) -> set[tuple[int, int]]:
+        """Of a replayed flush's stale completions, those this batcher's lost-ack COMMIT did write.
+
+        A completed row under the attempt's own run_lease can only come from
+        the holder of that attempt, which is this batcher; rescue moves a job
+        on under a new run_lease. Outcomes other than completion still count
+        as stale on a replay.
+        """
+        mine = {(s.job_id, s.run_lease) for s in completes} & stale
+        if not mine:
+            return set()
+        own = self.storage.attempts_completed(conn, mine)
+        if own:
+            self.replayed += len(own)
+            log.info("replayed flush: %d completions were already committed by this batcher "
+                     "(the acknowledgement of their COMMIT was lost)", len(own),
+                     extra={"action": "replayed_completions"})
+        return own
 
     def _after_flush(self, batch: list[tuple[Job, Outcome]], per_receipt: dict[int, list[int]],
                      stale: set[tuple[int, int]], t0: float) -> None:

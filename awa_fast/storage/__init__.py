@@ -276,6 +276,15 @@ class Storage:
                                  ([s.job_id for s in keep], [s.run_lease for s in keep]))
         return sorted(stale_set)
 
+    def attempts_completed(self, conn: psycopg.Connection,
+                           attempts: Iterable[tuple[int, int]]) -> set[tuple[int, int]]:
+        """Of ``(job_id, run_lease)`` pairs, those with a completed ``done_entries`` row under that run_lease."""
+        wanted = set(attempts)
+        if not wanted:
+            return set()
+        rows = conn.execute(self.q["attempts_completed"], ([j for j, _ in wanted],)).fetchall()
+        return {(int(j), int(l)) for j, l in rows} & wanted
+
     def receipt_lock(self, conn: psycopg.Connection, claim_ids: Iterable[int]) -> None:
         """Take the receipts' advisory locks in ascending order (within the current transaction).
 

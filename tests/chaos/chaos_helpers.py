@@ -358,6 +358,7 @@ class Producer(threading.Thread):
 _LOG_CHILD = re.compile(r"started (claimer \S+|maintenance) \(pid (\d+)\)")
 _LOG_LEADER = re.compile(r"\[(\d+)\]: maintenance leader elected")
 _LOG_STALE = re.compile(r"(\d+) stale outcomes rejected")
+_LOG_REPLAYED = re.compile(r"replayed flush: (\d+) completions were already committed")
 
 
 class Supervise:
@@ -423,6 +424,10 @@ class Supervise:
 
     def stale_rejected(self) -> int:
         return sum(int(m.group(1)) for m in _LOG_STALE.finditer(self.log(since_start=False)))
+
+    def replayed_completions(self) -> int:
+        """Completions a replayed flush found committed by its own lost-ack COMMIT (from the log)."""
+        return sum(int(m.group(1)) for m in _LOG_REPLAYED.finditer(self.log(since_start=False)))
 
     def wait_running(self, timeout: float = 20.0) -> None:
         def running() -> bool:
