@@ -80,7 +80,6 @@ class CompletionBatcher:
         self._conn: psycopg.Connection | None = None
         self.flushes = 0
         self.dropped = 0  # outcomes that could not be written (their attempts get rescued)
-        self.replayed = 0  # completions a replay found already committed by this batcher
         self.died = False
         self._on_death: Callable[[], None] | None = None
         self.flush_started: float | None = None  # monotonic start of the flush in progress (watchdog)
@@ -238,20 +237,17 @@ class CompletionBatcher:
         if not others and len(completes) <= self.config.small_flush:
             # Low-latency path: one statement, one round trip, one commit.
             stale.update(self.storage.receipt_complete_rows(conn, completes, self._stateful))
-            if replay and stale:
-                stale -= self._own_completions(conn, stale, completes)
-            self._after_flush(batch, per_receipt, stale, t0)
-            return
-        with conn.transaction():
-            if others:
-                # lock every receipt of the flush up front, ascending: one lock order
-                self.storage.receipt_lock(conn, [s.claim_id for s in completes] + [o[0].claim_id for o in others])
-            if completes:
-                stale.update(self.storage.receipt_complete(conn, completes, whole, with_state))
-            if others:
-                for r in self.storage.attempt_close(conn, others):
-                    if r.status == "stale":
-                        stale.add((r.job_id, r.run_lease))
+        else:
+            with conn.transaction():
+                if others:
+                    # lock every receipt of the flush up front, ascending: one lock order
+                    self.storage.receipt_lock(conn, [s.claim_id for s in completes] + [o[0].claim_id for o in others])
+                if completes:
+                    stale.update(self.storage.receipt_complete(conn, completes, whole, with_state))
+                if others:
+                    for r in self.storage.attempt_close(conn, others):
+                        if r.status == "stale":
+                            stale.add((r.job_id, r.run_lease))
         if replay and stale:
             stale -= self._own_completions(conn, stale, completes)
         self._after_flush(batch, per_receipt, stale, t0)
@@ -270,7 +266,6 @@ class CompletionBatcher:
             return set()
         own = self.storage.attempts_completed(conn, mine)
         if own:
-            self.replayed += len(own)
             log.info("replayed flush: %d completions were already committed by this batcher "
                      "(the acknowledgement of their COMMIT was lost)", len(own),
                      extra={"action": "replayed_completions"})
