@@ -35,11 +35,8 @@ import sys
 import time
 from typing import Any
 
-from quick import take_quick_flag
-
 from awa_fast.cli import resolve_dsn
 
-QUICK = take_quick_flag()
 SCHEMA = "bench_scaling"
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 BASE = {"stripes": 2, "batch": 1024, "concurrency": 64, "payload": None}
@@ -155,19 +152,23 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="perf/scaling.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--dsn", default=None, help="default: AWA_FAST_DSN, DATABASE_URL, else the embedded server")
     p.add_argument("--home", default=os.environ.get("AWA_FAST_HOME") or None, help="embedded server home")
-    p.add_argument("--jobs", type=int, default=500 if QUICK else 100_000, help="jobs per drain point")
-    p.add_argument("--big-payload-jobs", type=int, default=200 if QUICK else 20_000,
-                   help="jobs per drain point with 64 KiB args")
+    p.add_argument("--quick", action="store_true", help="a tiny run of every point: proves it runs")
+    p.add_argument("--jobs", type=int, default=None, help="jobs per drain point (100000; --quick: 500)")
+    p.add_argument("--big-payload-jobs", type=int, default=None,
+                   help="jobs per drain point with 64 KiB args (20000; --quick: 200)")
     p.add_argument("--repeat", type=int, default=1, help="runs per drain point (median shown)")
-    p.add_argument("--pause", type=float, default=0.0 if QUICK else 3.0, help="seconds between runs")
-    p.add_argument("--rss-minutes", type=float, default=0.2 if QUICK else 10.0,
-                   help="length of the RSS run (0: skip it)")
+    p.add_argument("--pause", type=float, default=None, help="seconds between runs (3; --quick: 0)")
+    p.add_argument("--rss-minutes", type=float, default=None,
+                   help="length of the RSS run (0: skip it; 10; --quick: 0.2)")
     p.add_argument("--rss-rate", type=float, default=500.0, help="jobs/s of the RSS run")
     p.add_argument("--rss-every", type=float, default=None,
                    help="RSS sampling period in seconds (default: the run / 120, at least 0.5)")
     p.add_argument("-o", "--output", default=None, help="JSON path (default perf/results/scaling-<UTC ts>.json)")
-    p.add_argument("--debug-single-value", action="store_true", help=argparse.SUPPRESS)  # added by --quick
     args = p.parse_args(argv)
+    for name, full, quick in (("jobs", 100_000, 500), ("big_payload_jobs", 20_000, 200), ("pause", 3.0, 0.0),
+                              ("rss_minutes", 10.0, 0.2)):
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
     if args.jobs < 1 or args.big_payload_jobs < 1 or args.repeat < 1 or args.rss_minutes < 0:
         p.error("--jobs, --big-payload-jobs and --repeat must be at least 1, --rss-minutes at least 0")
     dsn = resolve_dsn(args)
@@ -191,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
                        f"max growth since 1/4 {rss['claimer_rss_kb']['max_growth']} kB"))
     text = tables(runs, dims) + ("\n" + rss_table(rss) if rss is not None else "")
     result = {
-        "bench": "scaling", "quick": QUICK, "timestamp": started.isoformat(timespec="seconds"),
+        "bench": "scaling", "quick": args.quick, "timestamp": started.isoformat(timespec="seconds"),
         "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "loadavg_start": load_start, "loadavg": [round(x, 2) for x in os.getloadavg()],
         "cpu_count": os.cpu_count(), "base": BASE,
