@@ -4,7 +4,7 @@
 -- tests/integration/test_schema_snapshot.py fails when it is out of date.
 -- Rings installed with 4 slots each; owners omitted; names in C order.
 
--- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe
+-- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions
 
 
 ---------------------------------------------------------------------------
@@ -622,107 +622,6 @@ BEGIN
         RAISE EXCEPTION 'unknown callback action %', p_action USING ERRCODE = '22023';
     END IF;
     RETURN 'ok';
-END $function$;
-
-CREATE OR REPLACE FUNCTION __SCHEMA__.claim_batch(p_queue text, p_max integer, p_stripe integer DEFAULT 0, p_stripes integer DEFAULT 1)
- RETURNS TABLE(job_id bigint, run_lease integer, attempt integer, max_attempts integer, queue text, kind text, priority integer, args jsonb, metadata jsonb, ready_slot integer, lane_id integer, lane_seq bigint, claim_slot integer, claim_id bigint, created_at timestamp with time zone, errors jsonb, callback_result jsonb)
- LANGUAGE plpgsql
- SET plan_cache_mode TO 'force_generic_plan'
-AS $function$
-DECLARE
-    v_meta __SCHEMA__.queue_meta%ROWTYPE;
-    v_lane record;
-    v_cur bigint;
-    v_last bigint;
-    v_slot int;
-    v_claim_slot int;
-    v_claim_id bigint;
-    v_left int := p_max;
-    v_n int;
-    v_aging float8;
-BEGIN
-    SELECT * INTO v_meta FROM __SCHEMA__.queue_meta m WHERE m.queue = p_queue;
-    IF NOT FOUND THEN
-        PERFORM __SCHEMA__.queue_ensure(p_queue);
-        SELECT * INTO STRICT v_meta FROM __SCHEMA__.queue_meta m WHERE m.queue = p_queue;
-    END IF;
-    IF v_meta.paused OR p_max < 1 THEN
-        RETURN;
-    END IF;
-    v_aging := greatest(extract(epoch FROM v_meta.aging_interval), 0.001);
-    v_claim_slot := __SCHEMA__.ring_current('claim');
-    FOR v_lane IN
-        SELECT h.lane_id AS lid, h.priority AS prio, h.claim_seq AS cseq
-        FROM __SCHEMA__.queue_claim_heads h
-        JOIN __SCHEMA__.queue_enqueue_heads e ON e.lane_id = h.lane_id
-        CROSS JOIN LATERAL (SELECT pg_sequence_last_value(h.claim_seq) AS seq_cur,
-                                   pg_sequence_last_value(e.enqueue_seq) AS head) q0
-        CROSS JOIN LATERAL (
-            -- the effective cursor: the claim cursor lags one claim behind
-            -- its own receipts (Index: lease_claims_lane)
-            SELECT greatest(q0.seq_cur, (SELECT max(c.last_seq) FROM __SCHEMA__.lease_claims c
-                                         WHERE c.lane_id = h.lane_id AND c.last_seq > q0.seq_cur)) AS cur,
-                   q0.head) q
-        CROSS JOIN LATERAL (
-            -- age of the lane head: its oldest unclaimed segment
-            SELECT g.created_at AS head_at FROM __SCHEMA__.ready_segments g
-            WHERE g.lane_id = h.lane_id AND g.last_seq > q.cur
-            ORDER BY g.last_seq LIMIT 1) a
-        WHERE h.queue = p_queue AND q.head > q.cur
-        ORDER BY
-            h.priority - floor(extract(epoch FROM now() - a.head_at) / v_aging),
-            h.priority,
-            a.head_at,
-            ((h.shard - p_stripe) % greatest(p_stripes, 1) + greatest(p_stripes, 1)) % greatest(p_stripes, 1)
-    LOOP
-        EXIT WHEN v_left <= 0;
-        PERFORM 1 FROM __SCHEMA__.queue_claim_heads h WHERE h.lane_id = v_lane.lid FOR UPDATE SKIP LOCKED;
-        CONTINUE WHEN NOT FOUND;
-        v_cur := __SCHEMA__.lane_cursor_advance(v_lane.lid, v_lane.cseq);
-        LOOP
-            EXIT WHEN v_left <= 0;
-            -- Index: ready_segments_lane (lane_id, last_seq)
-            SELECT g.ready_slot INTO v_slot FROM __SCHEMA__.ready_segments g
-            WHERE g.lane_id = v_lane.lid AND g.last_seq > v_cur
-            ORDER BY g.last_seq LIMIT 1;
-            EXIT WHEN NOT FOUND;
-            v_claim_id := nextval('__SCHEMA__.claim_id_seq');
-            RETURN QUERY
-            WITH picked AS MATERIALIZED (
-                -- Index: ready_entries primary key (ready_slot, lane_id, lane_seq)
-                SELECT r.*, (t.lane_seq IS NOT NULL) AS tomb
-                FROM __SCHEMA__.ready_entries r
-                LEFT JOIN __SCHEMA__.ready_tombstones t
-                    ON t.ready_slot = r.ready_slot AND t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq
-                WHERE r.ready_slot = v_slot AND r.lane_id = v_lane.lid AND r.lane_seq > v_cur
-                ORDER BY r.lane_seq
-                LIMIT v_left
-            ), receipt AS (
-                INSERT INTO __SCHEMA__.lease_claims (claim_slot, claim_id, lane_id, ready_slot, first_seq,
-                    last_seq, job_ids, run_leases, lane_seqs, deadline_at)
-                SELECT v_claim_slot, v_claim_id, v_lane.lid, v_slot, v_cur + 1, max(p.lane_seq),
-                    COALESCE(array_agg(p.job_id ORDER BY p.lane_seq) FILTER (WHERE NOT p.tomb), '{}'),
-                    COALESCE(array_agg(p.lease_base + 1 ORDER BY p.lane_seq) FILTER (WHERE NOT p.tomb), '{}'),
-                    COALESCE(array_agg(p.lane_seq ORDER BY p.lane_seq) FILTER (WHERE NOT p.tomb), '{}'),
-                    now() + v_meta.deadline
-                FROM picked p
-                HAVING count(*) > 0
-                RETURNING 1
-            )
-            SELECT p.job_id, p.lease_base + 1, p.attempt + 1, p.max_attempts::int, p_queue, p.kind,
-                v_lane.prio::int, p.args, p.metadata, v_slot, v_lane.lid, p.lane_seq, v_claim_slot,
-                v_claim_id, p.created_at, p.errors, p.callback_result
-            FROM picked p
-            WHERE NOT p.tomb
-            ORDER BY p.lane_seq;
-            GET DIAGNOSTICS v_n = ROW_COUNT;
-            SELECT c.last_seq INTO v_last FROM __SCHEMA__.lease_claims c
-            WHERE c.claim_slot = v_claim_slot AND c.claim_id = v_claim_id;
-            EXIT WHEN NOT FOUND;
-            v_cur := v_last;
-            v_left := v_left - v_n;
-        END LOOP;
-    END LOOP;
 END $function$;
 
 CREATE OR REPLACE FUNCTION __SCHEMA__.claim_batch_v2(p_queue text, p_max integer, p_stripe integer DEFAULT 0, p_stripes integer DEFAULT 1)
@@ -1892,7 +1791,6 @@ GRANT EXECUTE ON FUNCTION __SCHEMA__.attempt_register_callback(bigint,integer,in
 GRANT EXECUTE ON FUNCTION __SCHEMA__.attempt_state_sweep() TO PUBLIC;
 GRANT EXECUTE ON FUNCTION __SCHEMA__.attempt_terminal(integer,integer,integer,bigint,bigint,integer,integer,text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION __SCHEMA__.callback_resolve(uuid,text,jsonb,text) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION __SCHEMA__.claim_batch(text,integer,integer,integer) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION __SCHEMA__.claim_batch_v2(text,integer,integer,integer) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION __SCHEMA__.claim_prune_gate(integer) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION __SCHEMA__.deferred_promote(integer) TO PUBLIC;
