@@ -1,4 +1,4 @@
-"""``awa-fast bench SCENARIO``: the standard scenarios of BENCHMARKS.md.
+"""``awa-fast bench SCENARIO``: the standard scenarios of docs/benchmarks.md.
 
 Scenarios (see ``docs/performance.md`` for the exact commands and results):
 
