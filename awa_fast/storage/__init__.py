@@ -29,7 +29,7 @@ from psycopg.adapt import Buffer, Dumper, Loader
 from psycopg.pq import Format
 
 from awa_fast import _impl
-from awa_fast.errors import DatabaseUnavailable, SchemaNotMigrated, SchemaTooNew
+from awa_fast.errors import ConfigError, DatabaseUnavailable, SchemaNotMigrated, SchemaTooNew
 from awa_fast.jobs import ClaimSnapshot
 from awa_fast.storage.schema import latest_version, named_queries, render, validate_schema
 
@@ -499,7 +499,14 @@ class Storage:
         return {"pid": row[0], "application_name": row[1], "client_addr": row[2], "since": row[3]}
 
     def runtime_grant(self, conn: psycopg.Connection, role: str) -> None:
-        """Grant ``role`` what enqueue, supervise and admin need (no DDL, no TRUNCATE)."""
+        """Grant ``role`` what enqueue, supervise and admin need (no DDL, no TRUNCATE).
+
+        Only ``role`` may then execute the schema's functions (none is executable
+        by PUBLIC); ``PUBLIC`` and PostgreSQL's predefined ``pg_*`` roles are refused.
+        """
+        if not isinstance(role, str) or not role or role.lower() == "public" or role.lower().startswith("pg_"):
+            raise ConfigError(f"runtime role {role!r}: name one login role of your own, "
+                              "not PUBLIC or a predefined pg_* role")
         conn.execute(self.q["runtime_grant"], (role,))
 
     def dead_tuples(self, conn: psycopg.Connection) -> int:
