@@ -546,14 +546,34 @@ def connect(dsn: str, *, application_name: str = "awa_fast", autocommit: bool = 
     """Open a connection, mapping connection failures to :class:`DatabaseUnavailable`.
 
     ``connect_timeout`` (seconds, at least 2) bounds a connection attempt to a
-    silent peer. The message never contains the password of the DSN.
+    silent peer. The message never contains the password of the DSN: a DSN
+    libpq cannot parse raises :class:`ConfigError` without libpq's text, which
+    quotes the part it choked on (a password, or the whole URI).
     """
     try:
         return psycopg.connect(dsn, autocommit=autocommit, application_name=application_name,
                                connect_timeout=max(2, int(connect_timeout)), **kwargs)
+    except psycopg.ProgrammingError:
+        raise ConfigError(_DSN_UNPARSEABLE) from None
     except psycopg.OperationalError as exc:
         raise DatabaseUnavailable(f"cannot connect to PostgreSQL at {redact_dsn(dsn)}: "
-                                  f"{_first_line(exc)}; check the DSN and that the server runs") from None
+                                  f"{_scrub_password(_first_line(exc), dsn)}; "
+                                  "check the DSN and that the server runs") from None
+
+
+_DSN_UNPARSEABLE = ("invalid DSN: it could not be parsed; use 'postgresql://user@host:port/dbname' "
+                    "or 'host=... dbname=...' (keep the password in ~/.pgpass or PGPASSWORD)")
+
+
+def _scrub_password(text: str, dsn: str) -> str:
+    """``text`` with the DSN's password (if any) replaced by ``***``: libpq quotes values it rejects."""
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+
+        password = conninfo_to_dict(dsn).get("password")
+    except psycopg.ProgrammingError:
+        return text
+    return text.replace(str(password), "***") if password else text
 
 
 def redact_dsn(dsn: str) -> str:
