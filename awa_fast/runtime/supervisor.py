@@ -274,7 +274,7 @@ class Supervisor:
         if self.config.home:
             from awa_fast.runtime.shm import remove_locator
 
-            remove_locator(self.config.home, self.config.schema)
+            remove_locator(self.config.home, self.config.schema, self._ring.name)
         self._ring.close()
         self._ring.unlink()
         self._ring = None
