@@ -4,7 +4,7 @@
 -- tests/integration/test_schema_snapshot.py fails when it is out of date.
 -- Rings installed with 4 slots each; owners omitted; names in C order.
 
--- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions
+-- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants
 
 
 ---------------------------------------------------------------------------
@@ -801,7 +801,6 @@ END $function$;
 CREATE OR REPLACE FUNCTION __SCHEMA__.claim_prune_gate(p_slot integer)
  RETURNS text
  LANGUAGE plpgsql
- SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
 BEGIN
     IF EXISTS (SELECT 1 FROM __SCHEMA__.lease_claims c
@@ -815,7 +814,8 @@ BEGIN
     END IF;
     IF EXISTS (SELECT 1 FROM __SCHEMA__.lease_claims c
                JOIN __SCHEMA__.queue_claim_heads h ON h.lane_id = c.lane_id
-               WHERE c.claim_slot = p_slot AND c.last_seq > pg_sequence_last_value(h.claim_seq)) THEN
+               WHERE c.claim_slot = p_slot
+                 AND c.last_seq > COALESCE(pg_sequence_last_value(__SCHEMA__.lane_claim_seq(h.lane_id)), 0)) THEN
         RETURN 'cursor_behind';
     END IF;
     RETURN NULL;
@@ -1088,6 +1088,14 @@ BEGIN
         'errors', r.errors, 'created_at', r.created_at);
 END $function$;
 
+CREATE OR REPLACE FUNCTION __SCHEMA__.lane_claim_seq(p_lane integer)
+ RETURNS regclass
+ LANGUAGE sql
+ STABLE
+AS $function$
+    SELECT CASE WHEN p_lane > 0 THEN to_regclass(format('%s.lane_%s_claim', '__SCHEMA__', p_lane)) END
+$function$;
+
 CREATE OR REPLACE FUNCTION __SCHEMA__.lane_cursor_advance(p_lane integer, p_claim_seq regclass)
  RETURNS bigint
  LANGUAGE plpgsql
@@ -1236,20 +1244,22 @@ END $function$;
 CREATE OR REPLACE FUNCTION __SCHEMA__.lanes_cursor_advance(p_lanes integer[])
  RETURNS void
  LANGUAGE plpgsql
- SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
 DECLARE
     h record;
+    v_seq regclass;
     v_cur bigint;
     v_next record;
     v_slot int;
     v_moved boolean;
 BEGIN
     FOR h IN
-        SELECT x.lane_id, x.claim_seq FROM __SCHEMA__.queue_claim_heads x
+        SELECT x.lane_id FROM __SCHEMA__.queue_claim_heads x
         WHERE x.lane_id = ANY (p_lanes) ORDER BY x.lane_id FOR UPDATE SKIP LOCKED
     LOOP
-        v_cur := __SCHEMA__.lane_cursor_advance(h.lane_id, h.claim_seq);
+        v_seq := __SCHEMA__.lane_claim_seq(h.lane_id);
+        CONTINUE WHEN v_seq IS NULL;
+        v_cur := __SCHEMA__.lane_cursor_advance(h.lane_id, v_seq);
         v_moved := false;
         LOOP
             SELECT g.ready_slot INTO v_slot FROM __SCHEMA__.ready_segments g
@@ -1266,7 +1276,7 @@ BEGIN
             v_moved := true;
         END LOOP;
         IF v_moved THEN
-            PERFORM setval(h.claim_seq, v_cur, true);
+            PERFORM setval(v_seq, v_cur, true);
         END IF;
     END LOOP;
 END $function$;
@@ -1403,12 +1413,12 @@ END $function$;
 CREATE OR REPLACE FUNCTION __SCHEMA__.ready_prune_gate(p_slot integer)
  RETURNS text
  LANGUAGE plpgsql
- SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
 BEGIN
     IF EXISTS (SELECT 1 FROM __SCHEMA__.ready_segments g
                JOIN __SCHEMA__.queue_claim_heads h ON h.lane_id = g.lane_id
-               WHERE g.ready_slot = p_slot AND g.last_seq > pg_sequence_last_value(h.claim_seq)) THEN
+               WHERE g.ready_slot = p_slot
+                 AND g.last_seq > COALESCE(pg_sequence_last_value(__SCHEMA__.lane_claim_seq(h.lane_id)), 0)) THEN
         RETURN 'pending_ready';
     END IF;
     IF EXISTS (SELECT 1 FROM __SCHEMA__.lease_claims c
@@ -1643,15 +1653,21 @@ CREATE OR REPLACE FUNCTION __SCHEMA__.ring_prune(p_ring text, p_slot integer, p_
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
- SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
 DECLARE
     s text := '__SCHEMA__';
     v_tables text[];
     v_list text;
     v_gate text;
+    v_timeout interval;
 BEGIN
-    PERFORM set_config('lock_timeout', p_lock_timeout, true);
+    IF p_ring IS NULL OR p_ring NOT IN ('ready', 'claim', 'lease') THEN
+        RAISE EXCEPTION 'unknown ring %; use ready, claim or lease', quote_nullable(p_ring)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    v_timeout := least(greatest(COALESCE(p_lock_timeout, '50ms')::interval, interval '1 millisecond'),
+                       interval '5 seconds');
+    PERFORM set_config('lock_timeout', ceil(extract(epoch FROM v_timeout) * 1000)::bigint || 'ms', true);
     IF p_slot = __SCHEMA__.ring_current(p_ring) THEN
         RETURN 'current';
     END IF;
@@ -1764,15 +1780,19 @@ END $function$;
 CREATE OR REPLACE FUNCTION __SCHEMA__.runtime_grant(p_role text)
  RETURNS void
  LANGUAGE plpgsql
- SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
 DECLARE
     s text := '__SCHEMA__';
 BEGIN
     EXECUTE format('GRANT USAGE ON SCHEMA %s TO %I', s, p_role);
     EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA %s TO %I', s, p_role);
+    EXECUTE format('REVOKE INSERT, UPDATE, DELETE ON %1$s.queue_lanes, %1$s.queue_enqueue_heads, '
+                   '%1$s.queue_claim_heads FROM %2$I', s, p_role);
+    EXECUTE format('GRANT UPDATE (shard) ON %s.queue_claim_heads TO %I', s, p_role);
     EXECUTE format('GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA %s TO %I', s, p_role);
     EXECUTE format('GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA %s TO %I', s, p_role);
+    EXECUTE format('REVOKE EXECUTE ON FUNCTION %1$s.runtime_grant(text), %1$s.ring_install(int, int, int) '
+                   'FROM %2$I', s, p_role);
     EXECUTE format('ALTER DEFAULT PRIVILEGES IN SCHEMA %s GRANT USAGE, SELECT, UPDATE ON SEQUENCES TO %I',
                    s, p_role);
     EXECUTE format('ALTER DEFAULT PRIVILEGES IN SCHEMA %s GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO %I',
@@ -1783,45 +1803,3 @@ END $function$;
 ---------------------------------------------------------------------------
 -- Grants to roles other than the owner (defaults included)
 ---------------------------------------------------------------------------
-
-GRANT EXECUTE ON FUNCTION __SCHEMA__.attempt_close(bigint[],integer[],integer[],bigint[],integer[],double precision[],text[]) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION __SCHEMA__.attempt_defer(integer,double precision,integer,integer,bigint,bigint,integer,integer,text) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION __SCHEMA__.attempt_heartbeat(bigint[],integer[],integer[],bigint[],jsonb[]) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION __SCHEMA__.attempt_register_callback(bigint,integer,integer,bigint,double precision) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION __SCHEMA__.attempt_state_sweep() TO PUBLIC;
-GRANT EXECUTE ON FUNCTION __SCHEMA__.attempt_terminal(integer,integer,integer,bigint,bigint,integer,integer,text) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION __SCHEMA__.callback_resolve(uuid,text,jsonb,text) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION __SCHEMA__.claim_batch_v2(text,integer,integer,integer) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION __SCHEMA__.claim_prune_gate(integer) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION __SCHEMA__.deferred_promote(integer) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION __SCHEMA__.dlq_retention_prune(integer) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION __SCHEMA__.dlq_retry(bigint[]) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION __SCHEMA__.errors_append(jsonb,integer,text) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION __SCHEMA__.job_cancel(bigint) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION __SCHEMA__.job_enqueue(text,integer,text,jsonb,jsonb,integer,timestamp with time zone) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION __SCHEMA__.job_enqueue_many(text,integer,text,jsonb[],jsonb,integer) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION __SCHEMA__.job_load(bigint) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION __SCHEMA__.lane_cursor_advance(integer,regclass) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION __SCHEMA__.lane_ensure(text,integer,integer) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION __SCHEMA__.lane_lock_for_enqueue(text,integer,integer) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION __SCHEMA__.lane_reserve(text,integer,integer,integer) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION __SCHEMA__.lanes_cursor_advance(integer[]) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION __SCHEMA__.lease_rescue_expired(integer) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION __SCHEMA__.lock_key(text) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION __SCHEMA__.notify_channel() TO PUBLIC;
-GRANT EXECUTE ON FUNCTION __SCHEMA__.queue_counts_exact() TO PUBLIC;
-GRANT EXECUTE ON FUNCTION __SCHEMA__.queue_depth_fast() TO PUBLIC;
-GRANT EXECUTE ON FUNCTION __SCHEMA__.queue_ensure(text) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION __SCHEMA__.queue_ensure_nowait(text) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION __SCHEMA__.ready_append(text,integer,bigint,text,jsonb,jsonb,integer,integer,integer,timestamp with time zone,jsonb,jsonb) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION __SCHEMA__.ready_prune_gate(integer) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION __SCHEMA__.receipt_complete_rows(integer[],bigint[],bigint[],integer[],integer[],integer[],bigint[],integer[],text[],text[],boolean[]) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION __SCHEMA__.receipt_complete_rows_v2(integer[],bigint[],bigint[],integer[],integer[],integer[],bigint[],integer[],text[],text[],boolean[]) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION __SCHEMA__.receipt_guard(integer[],bigint[]) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION __SCHEMA__.receipt_rescue_stale(integer) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION __SCHEMA__.ring_current(text) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION __SCHEMA__.ring_install(integer,integer,integer) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION __SCHEMA__.ring_prune(text,integer,text) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION __SCHEMA__.ring_rotate(text) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION __SCHEMA__.ring_slot_empty(text,integer) TO PUBLIC;
-GRANT EXECUTE ON FUNCTION __SCHEMA__.runtime_grant(text) TO PUBLIC;

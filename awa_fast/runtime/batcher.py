@@ -20,7 +20,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import psycopg
 
@@ -45,7 +45,7 @@ RELEASE: Outcome = ("release", None, None)  # type: ignore[assignment]
 class BatcherConfig:
     """Completion batcher settings."""
 
-    dsn: str
+    dsn: str = field(repr=False)  # a DSN may carry a password
     schema: str
     flush_max: int = 2048
     # Flushes of at most this many completions (and nothing else) use the

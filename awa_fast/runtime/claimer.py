@@ -18,7 +18,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -72,7 +72,7 @@ def next_busy_pause(pause: float) -> float:
 class ClaimerConfig:
     """Settings of one claimer (one stripe of one queue)."""
 
-    dsn: str
+    dsn: str = field(repr=False)  # a DSN may carry a password
     schema: str
     queue: str
     stripe: int = 0

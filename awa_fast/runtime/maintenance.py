@@ -36,7 +36,7 @@ RINGS = ("claim", "ready", "lease")
 class MaintenanceConfig:
     """Intervals (seconds) and limits of the maintenance services."""
 
-    dsn: str
+    dsn: str = field(repr=False)  # a DSN may carry a password
     schema: str
     election_interval: float = 1.0
     promote_interval: float = 0.25

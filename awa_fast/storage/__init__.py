@@ -29,7 +29,7 @@ from psycopg.adapt import Buffer, Dumper, Loader
 from psycopg.pq import Format
 
 from awa_fast import _impl
-from awa_fast.errors import DatabaseUnavailable, SchemaNotMigrated, SchemaTooNew
+from awa_fast.errors import ConfigError, DatabaseUnavailable, SchemaNotMigrated, SchemaTooNew
 from awa_fast.jobs import ClaimSnapshot
 from awa_fast.storage.schema import latest_version, named_queries, render, validate_schema
 
@@ -499,7 +499,14 @@ class Storage:
         return {"pid": row[0], "application_name": row[1], "client_addr": row[2], "since": row[3]}
 
     def runtime_grant(self, conn: psycopg.Connection, role: str) -> None:
-        """Grant ``role`` what enqueue, supervise and admin need (no DDL, no TRUNCATE)."""
+        """Grant ``role`` what enqueue, supervise and admin need (no DDL, no TRUNCATE).
+
+        Only ``role`` may then execute the schema's functions (none is executable
+        by PUBLIC); ``PUBLIC`` and PostgreSQL's predefined ``pg_*`` roles are refused.
+        """
+        if not isinstance(role, str) or not role or role.lower() == "public" or role.lower().startswith("pg_"):
+            raise ConfigError(f"runtime role {role!r}: name one login role of your own, "
+                              "not PUBLIC or a predefined pg_* role")
         conn.execute(self.q["runtime_grant"], (role,))
 
     def dead_tuples(self, conn: psycopg.Connection) -> int:
@@ -539,14 +546,34 @@ def connect(dsn: str, *, application_name: str = "awa_fast", autocommit: bool = 
     """Open a connection, mapping connection failures to :class:`DatabaseUnavailable`.
 
     ``connect_timeout`` (seconds, at least 2) bounds a connection attempt to a
-    silent peer. The message never contains the password of the DSN.
+    silent peer. The message never contains the password of the DSN: a DSN
+    libpq cannot parse raises :class:`ConfigError` without libpq's text, which
+    quotes the part it choked on (a password, or the whole URI).
     """
     try:
         return psycopg.connect(dsn, autocommit=autocommit, application_name=application_name,
                                connect_timeout=max(2, int(connect_timeout)), **kwargs)
+    except psycopg.ProgrammingError:
+        raise ConfigError(_DSN_UNPARSEABLE) from None
     except psycopg.OperationalError as exc:
         raise DatabaseUnavailable(f"cannot connect to PostgreSQL at {redact_dsn(dsn)}: "
-                                  f"{_first_line(exc)}; check the DSN and that the server runs") from None
+                                  f"{_scrub_password(_first_line(exc), dsn)}; "
+                                  "check the DSN and that the server runs") from None
+
+
+_DSN_UNPARSEABLE = ("invalid DSN: it could not be parsed; use 'postgresql://user@host:port/dbname' "
+                    "or 'host=... dbname=...' (keep the password in ~/.pgpass or PGPASSWORD)")
+
+
+def _scrub_password(text: str, dsn: str) -> str:
+    """``text`` with the DSN's password (if any) replaced by ``***``: libpq quotes values it rejects."""
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+
+        password = conninfo_to_dict(dsn).get("password")
+    except psycopg.ProgrammingError:
+        return text
+    return text.replace(str(password), "***") if password else text
 
 
 def redact_dsn(dsn: str) -> str:

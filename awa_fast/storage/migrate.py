@@ -15,6 +15,9 @@ log = logging.getLogger("awa_fast.migrate")
 # Migration that creates ring_install(); rings are installed right after it.
 _RING_INSTALL_AFTER = 2
 
+# Re-asserted after every migration run, so functions of any later migration are covered too.
+_REVOKE_PUBLIC = "REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA __SCHEMA__ FROM PUBLIC"
+
 
 @dataclass(frozen=True, slots=True)
 class RingSizes:
@@ -93,6 +96,10 @@ def migrate(dsn_or_conn: str | psycopg.Connection, schema: str = "awa_fast",
                                  (rings.ready, rings.claim, rings.lease))
                 log.info("applied migration %04d_%s to %s", mig.version, mig.name, schema,
                          extra={"action": "migrate"})
+            if latest > found:
+                # A function is executable by PUBLIC when created, and some run as the owner
+                # (SECURITY DEFINER): only the roles runtime_grant() names may execute any.
+                conn.execute(render(_REVOKE_PUBLIC, schema))
         return MigrateResult(schema, found, latest)
     finally:
         if own:
