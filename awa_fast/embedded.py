@@ -16,7 +16,8 @@ owner or mode. Non-root users run the binaries directly.
 The server listens on a unix socket only, in the data directory (or, when
 that path is too long for a socket, in a private directory under ``/tmp``),
 with trust authentication: only the owner of the data directory (and root)
-can reach the socket.
+can reach the socket. The binaries get a minimal environment (no DSNs,
+passwords or other secrets of the caller).
 """
 
 from __future__ import annotations
@@ -61,6 +62,9 @@ _LOG_ROTATE_BYTES = 16 * 1024 * 1024
 # sun_path is 108 bytes including the NUL; PostgreSQL appends "/.s.PGSQL.<port>".
 _SOCKET_PATH_MAX = 107
 _SETTING_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
+# The only variables of the caller the binaries see (everything else, DSNs and
+# passwords included, would be readable by any superuser session).
+_CHILD_ENV_KEEP = ("PATH", "TZ", "TMPDIR", "LD_LIBRARY_PATH")
 
 #: Durable defaults, sensible for a queue; constructor ``settings`` override them.
 DEFAULT_SETTINGS: Mapping[str, str] = {
@@ -720,9 +724,13 @@ class PostgresCluster:
                 )
 
     def _child_env(self) -> dict[str, str]:
-        # PG* variables (PGPORT, PGDATA, PGOPTIONS...) would change what
-        # the binaries do; everything they need is on the command line.
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+        # An allow-list, not a deny-list: the postmaster inherits this, and any
+        # superuser session can read it (COPY ... PROGRAM 'env'), so no DSN
+        # (AWA_FAST_DSN, DATABASE_URL), PG* variable (PGPASSWORD, and PGPORT,
+        # PGDATA... would change what the binaries do) or other secret of the
+        # caller may pass. Everything the binaries need is on the command line.
+        env = {k: os.environ[k] for k in _CHILD_ENV_KEEP if k in os.environ}
+        env.setdefault("PATH", "/usr/bin:/bin")
         env["LC_ALL"] = "C"
         return env
 
