@@ -16,14 +16,21 @@ owner or mode. Non-root users run the binaries directly.
 The server listens on a unix socket only, in the data directory (or, when
 that path is too long for a socket, in a private directory under ``/tmp``),
 with trust authentication: only the owner of the data directory (and root)
-can reach the socket. The binaries get a minimal environment (no DSNs,
-passwords or other secrets of the caller).
+can reach the socket.
+
+The home (the data directory's parent, where the lock and initdb's
+temporary directory live) must be owned by the caller (or root) and
+writable by nobody else, nor may any directory above it be (sticky ones such
+as ``/tmp`` excepted); files there are opened without following symlinks.
+The binaries get a minimal environment (no DSNs, passwords or other secrets
+of the caller).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import fcntl
 import functools
 import hashlib
@@ -279,9 +286,11 @@ class _PidFile:
 
 def _read_pidfile(path: pathlib.Path) -> _PidFile | None:
     try:
-        lines = path.read_text(errors="replace").split("\n")
-    except (FileNotFoundError, NotADirectoryError):
-        return None
+        lines = _read_nofollow(path, 4096).split("\n")
+    except OSError as exc:  # missing, or a symlink (never followed)
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP) or exc.errno is None:
+            return None
+        raise
     try:
         pid = int(lines[0])
     except (ValueError, IndexError):
@@ -366,7 +375,10 @@ def _remove_shm(shmid: int) -> None:
 
 def _tail(path: pathlib.Path, lines: int = 20) -> str:
     try:
-        with open(path, "rb") as f:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        with open(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return "(no server log)"
             f.seek(0, os.SEEK_END)
             f.seek(max(0, f.tell() - 8192))
             data = f.read().decode(errors="replace")
@@ -385,6 +397,100 @@ def _fsync_dir(path: pathlib.Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _read_nofollow(path: pathlib.Path, limit: int = 1 << 20) -> str:
+    """Read a small file without following a symlink at its last component.
+
+    Files in a data directory owned by the server's user (``setpriv`` mode)
+    may be replaced by that user: root must never read through them into
+    another file and repeat its content in an error message.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise FileNotFoundError(f"{path} is not a regular file")
+        chunks: list[bytes] = []
+        size = 0
+        while size < limit:
+            chunk = os.read(fd, min(65536, limit - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def _write_private(path: pathlib.Path, data: str, owner: tuple[int, int] | None = None) -> None:
+    """Atomically replace ``path`` by a new 0600 file holding ``data``.
+
+    The temporary file is created with ``O_EXCL | O_NOFOLLOW`` (a symlink
+    planted in its place is never followed) and renamed over ``path``.
+    """
+    tmp = path.with_name(f".{path.name}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)  # removes a symlink itself, never its target
+    try:
+        fd = os.open(
+            tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+        )
+    except OSError as exc:
+        raise ConfigError(f"cannot create {tmp}: {exc}; remove it and try again") from exc
+    try:
+        os.fchmod(fd, 0o600)
+        if owner is not None:
+            os.fchown(fd, *owner)
+        view = memoryview(data.encode())
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def _make_private_dirs(path: pathlib.Path) -> None:
+    """Create ``path`` and missing parents, each mode 0700 (never loosening one)."""
+    missing: list[pathlib.Path] = []
+    for directory in [path, *path.parents]:
+        if os.path.lexists(directory):
+            break
+        missing.append(directory)
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(directory, 0o700)
+
+
+def _unsafe_home(home: pathlib.Path, uid: int) -> str | None:
+    """Why ``home`` is not safe for files root (or ``uid``) writes, or None.
+
+    The home and every directory above it must be owned by ``uid`` or root
+    and not writable by group or others; above the home, a sticky directory
+    (``/tmp``) is allowed, since nobody else can rename our entry in it.
+    """
+    real = pathlib.Path(os.path.realpath(home))
+    for directory in [*reversed(real.parents), real]:
+        try:
+            st = os.lstat(directory)
+        except FileNotFoundError:
+            return None
+        where = "the home" if directory == real else "a parent directory of the home"
+        if st.st_uid not in (uid, 0):
+            try:
+                owner = pwd.getpwuid(st.st_uid).pw_name
+            except KeyError:
+                owner = f"uid {st.st_uid}"
+            me = "root" if uid == 0 else f"uid {uid} or root"
+            return f"{directory} ({where}) is owned by {owner}, not {me}: use a home owned by you"
+        if st.st_mode & 0o022 and not (directory != real and st.st_mode & stat.S_ISVTX):
+            return (
+                f"{directory} ({where}) is writable by group or others (mode "
+                f"{stat.S_IMODE(st.st_mode):04o}): run `chmod go-w {directory}` or use "
+                "another home"
+            )
+    return None
 
 
 # --------------------------------------------------------------------------
@@ -551,7 +657,10 @@ class PostgresCluster:
                     f"initdb of {self.datadir} failed (exit {result.returncode}):\n"
                     f"{(result.stdout + result.stderr).strip()[-2000:]}"
                 )
-            with open(tmp / "postgresql.conf", "a", encoding="utf-8") as conf:
+            conf_fd = os.open(
+                tmp / "postgresql.conf", os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+            )
+            with open(conf_fd, "a", encoding="utf-8") as conf:
                 conf.write(
                     "\n# Settings managed by awa-fast (rewritten on every start):\n"
                     f"include_if_exists = '{_CONF_NAME}'\n"
@@ -660,12 +769,19 @@ class PostgresCluster:
     def _locked(self, deadline: float) -> Iterator[None]:
         """Hold ``flock`` on the lock file next to the data directory."""
         path = self.lock_path
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _make_private_dirs(path.parent)
+        self._check_home()
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         except OSError as exc:
-            raise ConfigError(f"cannot open lock file {path}: {exc}") from exc
+            hint = " (a symlink: awa-fast never follows one here)" if exc.errno == errno.ELOOP else ""
+            raise ConfigError(f"cannot open lock file {path}{hint}: {exc}; remove it") from exc
         try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                raise ConfigError(
+                    f"lock file {path} is not a regular file owned by uid {os.geteuid()}: remove it"
+                )
             delay = 0.002
             while True:
                 try:
@@ -682,6 +798,17 @@ class PostgresCluster:
             yield
         finally:
             os.close(fd)
+
+    def _check_home(self) -> None:
+        """Refuse a home another user could write to (or swap out)."""
+        home = self.datadir.parent
+        reason = _unsafe_home(home, os.geteuid())
+        if reason is not None:
+            raise ConfigError(
+                f"unsafe home {home}: {reason} (it holds the data directory "
+                f"{self.datadir.name} and its lock, which another user must "
+                "not be able to replace)"
+            )
 
     def _run_as(self) -> _RunAs:
         """How to launch binaries on the existing data directory."""
@@ -719,8 +846,8 @@ class PostgresCluster:
                     f"PostgreSQL must run as uid {run_as.uid} (user namespaces are blocked "
                     f"and it refuses root), but that user cannot enter {blocked} on the way "
                     f"to {target}. awa-fast never loosens directory permissions: set "
-                    "AWA_FAST_HOME to a directory that user can reach (e.g. one owned by "
-                    "it), or run awa-fast as an ordinary user."
+                    "AWA_FAST_HOME to a directory that user can reach (owned by root, "
+                    "mode 0755, e.g. under /srv), or run awa-fast as an ordinary user."
                 )
 
     def _child_env(self) -> dict[str, str]:
@@ -766,7 +893,7 @@ class PostgresCluster:
         )
 
     def _check_version(self) -> None:
-        data = (self.datadir / "PG_VERSION").read_text().strip()
+        data = _read_nofollow(self.datadir / "PG_VERSION", 64).strip()
         binaries = self.version()
         if data != binaries.split(".")[0]:
             raise ConfigError(
@@ -825,7 +952,7 @@ class PostgresCluster:
             info.pid,
             reason,
         )
-        if info.socket_dir and info.port:
+        if info.socket_dir == str(self.socket_dir) and info.port:
             sock_lock = pathlib.Path(info.socket_dir) / f".s.PGSQL.{info.port}.lock"
             stale = _read_pidfile(sock_lock)
             if stale is not None and stale.pid == info.pid:
@@ -846,14 +973,10 @@ class PostgresCluster:
             *(f"{k} = {_quote_conf(v)}" for k, v in sorted(self.settings.items())),
             "",
         ]
-        tmp = datadir / f".{_CONF_NAME}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write("\n".join(lines))
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o600)
-        run_as.chown(tmp)
-        os.replace(tmp, datadir / _CONF_NAME)
+        # In setpriv mode the data directory belongs to the server's user, who
+        # may plant a symlink at the temporary name: never followed.
+        owner = (run_as.uid, run_as.gid) if run_as.kind == "setpriv" else None
+        _write_private(datadir / _CONF_NAME, "\n".join(lines), owner)
 
     def _prepare_socket_dir(self, run_as: _RunAs) -> None:
         path = self.socket_dir

@@ -304,10 +304,11 @@ def test_root_without_userns_falls_back_to_nobody(
 ) -> None:
     monkeypatch.setattr(embedded, "_userns_available", lambda: False)
     nobody = pwd.getpwnam("nobody")
-    # Our own fresh directory, given to nobody; no existing permission changes.
+    # Our own fresh home, root-owned and reachable by nobody (0755: a home owned by
+    # another user is refused); no existing permission changes.
     base = pathlib.Path(tempfile.mkdtemp(prefix="awa-fast-nobody-", dir="/tmp"))
     try:
-        os.chown(base, nobody.pw_uid, nobody.pw_gid)
+        os.chmod(base, 0o755)
         c = stop_at_end(PostgresCluster(base / "pgdata", embedded.embedded_bindir(), settings=FAST))
         c.init()
         st = c.datadir.stat()
