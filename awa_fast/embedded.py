@@ -13,13 +13,17 @@ Where user namespaces are blocked, the server runs as ``nobody`` through
 ``setpriv`` on a data directory owned by ``nobody``; nothing else changes
 owner or mode. Non-root users run the binaries directly.
 
-The server listens on a unix socket only, in the data directory (or, when
-that path is too long for a socket, in a private directory under ``/tmp``),
-with trust authentication: only the owner of the data directory (and root)
-can reach the socket.
+By default the server listens on a unix socket only, in the data
+directory (or, when that path is too long for a socket, in a private
+directory under ``/tmp``), with trust authentication: only the owner of the
+data directory (and root) can reach the socket. TCP (a non-empty
+``listen_addresses``) needs a password: ``initdb`` sets a generated one for
+``postgres`` (``--auth-host=scram-sha-256``), kept in ``<datadir>.pgpass``
+(mode 0600, libpq passfile format); :meth:`PostgresCluster.tcp_dsn` refers to
+that file with ``passfile=`` and never carries the password itself.
 
-The home (the data directory's parent, where the lock and initdb's
-temporary directory live) must be owned by the caller (or root) and
+The home (the data directory's parent, where the lock, the password file and
+initdb's temporary directory live) must be owned by the caller (or root) and
 writable by nobody else, nor may any directory above it be (sticky ones such
 as ``/tmp`` excepted); files there are opened without following symlinks.
 The binaries get a minimal environment (no DSNs, passwords or other secrets
@@ -41,6 +45,7 @@ import os
 import pathlib
 import pwd
 import re
+import secrets
 import shutil
 import stat
 import subprocess
@@ -69,6 +74,13 @@ _LOG_ROTATE_BYTES = 16 * 1024 * 1024
 # sun_path is 108 bytes including the NUL; PostgreSQL appends "/.s.PGSQL.<port>".
 _SOCKET_PATH_MAX = 107
 _SETTING_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
+# Settings that would move authentication, files or includes out of our hands.
+_MANAGED_SETTINGS = frozenset({
+    "unix_socket_directories", "hba_file", "ident_file", "config_file", "data_directory",
+    "include", "include_if_exists", "include_dir",
+})
+_PASSWORD_SUFFIX = ".pgpass"
+_HOST_HBA = ("host", "hostssl", "hostnossl", "hostgssenc", "hostnogssenc")
 # The only variables of the caller the binaries see (everything else, DSNs and
 # passwords included, would be readable by any superuser session).
 _CHILD_ENV_KEEP = ("PATH", "TZ", "TMPDIR", "LD_LIBRARY_PATH")
@@ -520,8 +532,8 @@ class PostgresCluster:
         for key, value in (settings or {}).items():
             if not _SETTING_NAME.match(key):
                 raise ConfigError(f"invalid PostgreSQL setting name {key!r}")
-            if key.lower() == "unix_socket_directories":
-                raise ConfigError("unix_socket_directories is managed by PostgresCluster")
+            if key.lower() in _MANAGED_SETTINGS:
+                raise ConfigError(f"{key.lower()} is managed by PostgresCluster")
             if isinstance(value, bool):
                 value = "on" if value else "off"
             merged[key.lower()] = str(value)
@@ -540,6 +552,11 @@ class PostgresCluster:
     def lock_path(self) -> pathlib.Path:
         """The ``flock`` file next to the data directory."""
         return self.datadir.with_name(self.datadir.name + ".lock")
+
+    @property
+    def password_file(self) -> pathlib.Path:
+        """The ``postgres`` password (libpq passfile format, 0600) next to the data directory."""
+        return self.datadir.with_name(self.datadir.name + _PASSWORD_SUFFIX)
 
     @property
     def log_path(self) -> pathlib.Path:
@@ -571,6 +588,59 @@ class PostgresCluster:
         return make_conninfo(
             "", host=str(self.socket_dir), port=self.port, user="postgres", dbname="postgres"
         )
+
+    def tcp_dsn(self, host: str = "127.0.0.1", port: int | None = None) -> str:
+        """libpq conninfo for TCP (``listen_addresses`` must include ``host``).
+
+        The password is referenced with ``passfile=`` (:attr:`password_file`),
+        never included, so the DSN can be logged or shown. ``port`` defaults
+        to the server's (pass another one to go through a proxy).
+        """
+        from psycopg.conninfo import make_conninfo
+
+        if self.password() is None:
+            raise ConfigError(
+                f"{self.datadir} has no password file {self.password_file}, so TCP connections "
+                "cannot authenticate: create a new data directory (initdb sets a password), or "
+                "use the unix socket (dsn)"
+            )
+        return make_conninfo(
+            "",
+            host=host,
+            port=self.port if port is None else port,
+            user="postgres",
+            dbname="postgres",
+            passfile=str(self.password_file),
+        )
+
+    def password(self) -> str | None:
+        """The ``postgres`` password initdb set, from :attr:`password_file` (None if absent).
+
+        The file must be a regular file (a symlink is never followed) owned
+        by this process's user and private (no group or other bits).
+        """
+        path = self.password_file
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise ConfigError(f"cannot open password file {path} ({exc}): remove it") from exc
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+                raise ConfigError(
+                    f"password file {path} must be a regular file owned by uid {os.geteuid()} "
+                    f"with mode 0600 (it is {stat.S_IMODE(st.st_mode):04o}, uid {st.st_uid}): "
+                    "fix or remove it"
+                )
+            text = os.read(fd, 65536).decode(errors="replace")
+        finally:
+            os.close(fd)
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                return line.rsplit(":", 1)[-1]
+        return None
 
     def psql_env(self) -> dict[str, str]:
         """``PG*`` variables that point psql (or libpq) at this server."""
@@ -635,6 +705,10 @@ class PostgresCluster:
             tmp.mkdir(mode=0o700)
             run_as.chown(tmp)
             started = time.monotonic()
+            # Unix socket: trust (the socket's directory is private). TCP:
+            # SCRAM with a generated password, given to initdb on stdin so no
+            # file of it ever exists where the server's user could read it.
+            password = secrets.token_urlsafe(32)
             result = self._run(
                 run_as,
                 [
@@ -643,13 +717,15 @@ class PostgresCluster:
                     str(tmp),
                     "-U",
                     "postgres",
-                    "-A",
-                    "trust",
+                    "--auth-local=trust",
+                    "--auth-host=scram-sha-256",
+                    "--pwfile=/dev/stdin",
                     "-E",
                     "UTF8",
                     "--no-locale",
                 ],
                 timeout=300,
+                secret=password + "\n",
             )
             if result.returncode != 0:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -668,6 +744,8 @@ class PostgresCluster:
                 conf.flush()
                 os.fsync(conf.fileno())
             self._write_conf(tmp, run_as)
+            # Written before the rename: an initialized cluster has its password file.
+            _write_private(self.password_file, _pgpass(password))
             os.rename(tmp, self.datadir)
             _fsync_dir(self.datadir.parent)
             log.info(
@@ -693,6 +771,7 @@ class PostgresCluster:
             self._check_version()
             if self._wait_settled(deadline):
                 return self.dsn
+            self._check_tcp_auth()
             run_as = self._run_as()
             self._clear_stale(deadline)
             self._write_conf(self.datadir, run_as)
@@ -806,8 +885,34 @@ class PostgresCluster:
         if reason is not None:
             raise ConfigError(
                 f"unsafe home {home}: {reason} (it holds the data directory "
-                f"{self.datadir.name} and its lock, which another user must "
+                f"{self.datadir.name}, its lock and its password file, which another user must "
                 "not be able to replace)"
+            )
+
+    def _check_tcp_auth(self) -> None:
+        """A TCP listener needs the password and no ``host ... trust`` line in pg_hba.conf."""
+        listen = self.settings.get("listen_addresses", "").strip()
+        if not listen:
+            return
+        problem = None
+        if self.password() is None:
+            problem = f"it has no password file {self.password_file}"
+        else:
+            try:
+                hba = _read_nofollow(self.datadir / "pg_hba.conf")
+            except OSError as exc:
+                problem = f"its pg_hba.conf cannot be read ({exc})"
+            else:
+                for line in hba.splitlines():
+                    tokens = line.split("#", 1)[0].split()
+                    if tokens and tokens[0] in _HOST_HBA and "trust" in tokens:
+                        problem = f"its pg_hba.conf trusts TCP connections ({line.strip()!r})"
+                        break
+        if problem is not None:
+            raise ConfigError(
+                f"listen_addresses={listen!r} would let any local user connect to {self.datadir} "
+                f"as superuser: {problem} (a data directory from an older awa-fast). Use a new "
+                "data directory (initdb sets a password), or keep listen_addresses=''"
             )
 
     def _run_as(self) -> _RunAs:
@@ -862,14 +967,32 @@ class PostgresCluster:
         return env
 
     def _run(
-        self, run_as: _RunAs, argv: list[str], *, timeout: float
+        self, run_as: _RunAs, argv: list[str], *, timeout: float, secret: str | None = None
     ) -> subprocess.CompletedProcess[str]:
+        """Run a binary; ``secret`` (e.g. initdb's ``--pwfile=/dev/stdin``) goes on its stdin.
+
+        The secret travels through a pipe, never argv, the environment or a
+        file; the pipe is given to the server's user so that, under
+        setpriv, the binary can reopen it as ``/dev/stdin``.
+        """
         cmd = run_as.prefix() + argv
         log.debug("running %s", cmd)
+        stdin: int = subprocess.DEVNULL
+        if secret is not None:
+            data = secret.encode()
+            if len(data) >= 4096:  # must fit the pipe buffer: written before the child starts
+                raise ConfigError("secret too long for a pipe")
+            stdin, writer = os.pipe()
+            try:
+                if run_as.kind == "setpriv":
+                    os.fchown(stdin, run_as.uid, run_as.gid)
+                os.write(writer, data)
+            finally:
+                os.close(writer)
         try:
             return subprocess.run(
                 cmd,
-                stdin=subprocess.DEVNULL,
+                stdin=stdin,
                 capture_output=True,
                 text=True,
                 errors="replace",
@@ -884,6 +1007,9 @@ class PostgresCluster:
             ) from exc
         except OSError as exc:
             raise ConfigError(f"cannot run {cmd[0]}: {exc}") from exc
+        finally:
+            if secret is not None:
+                os.close(stdin)
 
     def _pg_ctl(
         self, run_as: _RunAs, args: list[str], *, timeout: float
@@ -1001,6 +1127,13 @@ class PostgresCluster:
         with contextlib.suppress(FileNotFoundError):
             if self.log_path.stat().st_size > _LOG_ROTATE_BYTES:
                 os.replace(self.log_path, self.log_path.with_name(_LOG_NAME + ".1"))
+
+
+def _pgpass(password: str) -> str:
+    """A libpq passfile for ``postgres`` on loopback (any port: proxies included)."""
+    escaped = password.replace("\\", "\\\\").replace(":", "\\:")
+    hosts = ("localhost", "127.0.0.1", "\\:\\:1")
+    return "".join(f"{h}:*:*:postgres:{escaped}\n" for h in hosts)
 
 
 # --------------------------------------------------------------------------

@@ -1,5 +1,8 @@
-"""The embedded server against a hostile local user (issue 9, items 8 and 9).
+"""The embedded server against a hostile local user (issue 9, items 5, 8 and 9).
 
+- TCP is never trusted: initdb writes no ``host ... trust`` line, a generated
+  password (0600 file next to the data directory) is needed over TCP, and a
+  TCP listener is refused on a data directory without one.
 - The home is not trusted blindly: a lock file or settings temp file planted
   as a symlink is never followed, and a home another user can write (or
   owns) is refused with one clear line.
@@ -62,6 +65,104 @@ def clusters() -> Iterator[Callable[..., PostgresCluster]]:
     for c in made:
         if c.running():
             c.stop("immediate")
+
+
+@pytest.fixture(scope="module")
+def tcp_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresCluster]:
+    """One initdb'd server listening on 127.0.0.1 (a free port)."""
+    home = tmp_path_factory.mktemp("tcp")
+    c = PostgresCluster(
+        home / "pgdata",
+        embedded.embedded_bindir(),
+        settings={**FAST, "listen_addresses": "127.0.0.1", "port": str(free_port())},
+    )
+    c.init()
+    c.start()
+    yield c
+    c.stop("immediate")
+
+
+# -- item 5: TCP is never trusted ----------------------------------------------------
+
+
+def test_initdb_trusts_the_unix_socket_only(tcp_cluster: PostgresCluster) -> None:
+    lines = hba_lines(tcp_cluster.datadir)
+    host = [t for t in lines if t[0] in HOST_TYPES]
+    assert host, lines  # loopback TCP lines exist ...
+    assert not [t for t in host if "trust" in t], host  # ... and none of them trusts
+    assert all(t[-1] == "scram-sha-256" for t in host), host
+    assert all(t[-1] == "trust" for t in lines if t[0] == "local"), lines
+    # the generated password: a private file of the caller's, next to the data directory
+    pf = tcp_cluster.password_file
+    assert pf == tcp_cluster.datadir.with_name("pgdata.pgpass")
+    st = os.lstat(pf)
+    assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
+    assert st.st_uid == os.geteuid()
+    password = tcp_cluster.password()
+    assert password and len(password) >= 32
+
+
+def test_tcp_without_the_password_is_refused(tcp_cluster: PostgresCluster) -> None:
+    base = {"host": "127.0.0.1", "port": tcp_cluster.port, "user": "postgres",
+            "dbname": "postgres", "sslmode": "disable", "connect_timeout": 10}
+    empty = pathlib.Path(os.devnull)
+    # no password at all (an empty passfile, so nothing of ~/.pgpass helps)
+    with pytest.raises(psycopg.OperationalError, match="password"):
+        psycopg.connect(make_conninfo("", **base, passfile=str(empty)))
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+        psycopg.connect(make_conninfo("", **base, password="not-the-password"))
+    # with the password file: a superuser connection over TCP
+    dsn = tcp_cluster.tcp_dsn()
+    assert tcp_cluster.password() not in dsn  # the DSN names the file, never the password
+    assert conninfo_to_dict(dsn)["passfile"] == str(tcp_cluster.password_file)
+    with psycopg.connect(dsn, connect_timeout=10) as conn:
+        row = conn.execute("SELECT inet_client_addr() IS NOT NULL, current_user").fetchone()
+    assert row == (True, "postgres")
+    # the unix socket still trusts (its directory is private to the owner)
+    with psycopg.connect(tcp_cluster.dsn, connect_timeout=10) as conn:
+        assert conn.execute("SELECT inet_client_addr() IS NULL").fetchone() == (True,)
+
+
+def test_tcp_listener_refused_without_the_password(
+    tmp_path: pathlib.Path, clusters: Callable[..., PostgresCluster]
+) -> None:
+    tcp = {"listen_addresses": "127.0.0.1", "port": str(free_port())}
+    c = clusters(tmp_path / "pgdata", **tcp)
+    c.init()
+    saved = c.password_file.read_bytes()
+    # a data directory without its password file (as an older awa-fast left it)
+    c.password_file.unlink()
+    with pytest.raises(ConfigError, match=r"listen_addresses='127\.0\.0\.1'.*no password file"):
+        c.start()
+    assert not c.running()
+    with pytest.raises(ConfigError, match="no password file"):
+        c.tcp_dsn()
+    # the password is back, but pg_hba.conf trusts TCP (an older awa-fast's initdb -A trust)
+    fd = os.open(c.password_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.write(fd, saved)
+    os.close(fd)
+    hba = c.datadir / "pg_hba.conf"
+    original = hba.read_text()
+    hba.write_text(original + "host all all 127.0.0.1/32 trust\n")
+    with pytest.raises(ConfigError, match="trusts TCP"):
+        c.start()
+    assert not c.running()
+    # without TCP the same data directory starts (unix socket only)
+    local = clusters(c.datadir)
+    assert local.settings["listen_addresses"] == ""
+    with psycopg.connect(local.start(), connect_timeout=10) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    local.stop()
+    hba.write_text(original)
+    with psycopg.connect(c.start(), connect_timeout=10) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    c.stop()
+
+
+def test_settings_cannot_move_authentication() -> None:
+    for name in ("hba_file", "ident_file", "include", "include_dir", "config_file"):
+        with pytest.raises(ConfigError, match="managed by PostgresCluster"):
+            PostgresCluster(pathlib.Path("/x/pgdata"), pathlib.Path("/y"), settings={name: "/z"})
 
 
 # -- item 9: the home is not trusted blindly -------------------------------------------
@@ -168,6 +269,13 @@ def test_missing_home_is_created_private(
         os.umask(old)
     for d in (tmp_path / "a", tmp_path / "a" / "b"):
         assert stat.S_IMODE(d.stat().st_mode) == 0o700, d
+
+
+def test_symlinked_password_file_is_refused(tcp_cluster: PostgresCluster, tmp_path: pathlib.Path) -> None:
+    other = PostgresCluster(tmp_path / "pgdata", tcp_cluster.bindir)
+    os.symlink(tcp_cluster.password_file, other.password_file)
+    with pytest.raises(ConfigError, match=f"cannot open password file {other.password_file}"):
+        other.password()
 
 
 # -- item 8 (embedded part): no DSN or secret in the postmaster's environment ----------------
