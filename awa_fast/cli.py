@@ -166,23 +166,35 @@ def cmd_db(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_supervise(args: argparse.Namespace) -> int:
+def supervise_target(args: argparse.Namespace, app: Any) -> tuple[str, str, str]:
+    """``(dsn, where it came from, schema)`` for ``supervise``: the one rule that ``App`` follows.
+
+    DSN: ``--dsn``, the app's own explicit ``App(dsn=...)``, ``AWA_FAST_DSN``,
+    ``DATABASE_URL``, else the embedded server (started). Schema: ``--schema``,
+    else the app's (``App(schema=None)`` means ``AWA_FAST_SCHEMA``, else ``awa_fast``).
+    """
     from awa_fast.app import resolve_dsn as _resolve
+    from awa_fast.storage.schema import validate_schema
+
+    dsn, source = _resolve(args.dsn or app.dsn, _home(args))
+    if not args.dsn and app.dsn:
+        source = f"{args.app}'s dsn"
+    elif args.dsn:
+        source = "--dsn"
+    schema = validate_schema(args.schema) if args.schema else app.storage.schema
+    return dsn, source, schema
+
+
+def cmd_supervise(args: argparse.Namespace) -> int:
     from awa_fast.runtime.loader import load_app
     from awa_fast.runtime.supervisor import Supervisor, SupervisorConfig, parse_queue_spec
     from awa_fast.storage import redact_dsn
-    from awa_fast.storage.schema import validate_schema
 
     app = load_app(args.app)
     specs = [parse_queue_spec(q) for q in args.queue] if args.queue else [parse_queue_spec(q) for q in app.queues()]
     if not specs:
         raise ConfigError("no queues: pass --queue NAME or register handlers on the app")
-    # One rule with App: --dsn, the app's own explicit dsn, AWA_FAST_DSN, DATABASE_URL, embedded.
-    dsn, source = _resolve(args.dsn or app.dsn, _home(args))
-    if not args.dsn and app.dsn:
-        source = f"{args.app}'s dsn"
-    # --schema, else the app's schema (App(schema=None) already means AWA_FAST_SCHEMA, else awa_fast).
-    schema = validate_schema(args.schema) if args.schema else app.storage.schema
+    dsn, source, schema = supervise_target(args, app)
     log.info("supervise %s: schema %s on PostgreSQL at %s (from %s)", args.app, schema, redact_dsn(dsn),
              "the embedded server" if source == "embedded" else source, extra={"action": "dsn"})
     config = SupervisorConfig(args.app, dsn, schema, tuple(specs), drain_timeout=args.drain_timeout,
