@@ -2,8 +2,9 @@
 
 Every method that touches the database takes ``conn=`` to run inside the
 caller's own transaction (it commits or rolls back with the caller's
-data); without it the app uses a connection from its own pool
-(``psycopg_pool``) and commits at once. Each has an ``_async`` twin for
+data); without it the app uses an autocommit connection from its own pool
+(``psycopg_pool``), so each call commits at once in one round trip (calls of
+several statements run in one transaction). Each has an ``_async`` twin for
 ``psycopg.AsyncConnection`` (without ``conn=`` it uses the app's async pool,
 opened on first use in the running event loop).
 """
@@ -219,7 +220,7 @@ class App(Client):
                     probe.close()
                 self._pool_obj = ConnectionPool(dsn, min_size=1, max_size=self.pool_size, open=True,
                                                 name=f"awa_fast:{self.storage.schema}",
-                                                kwargs={"application_name": self._application_name()})
+                                                kwargs={"application_name": self._application_name(), "autocommit": True})
             return self._pool_obj
 
     async def _apool(self) -> Any:
@@ -239,7 +240,7 @@ class App(Client):
                 await probe.close()
             pool = AsyncConnectionPool(dsn, min_size=1, max_size=self.pool_size, open=False,
                                        name=f"awa_fast:{self.storage.schema}:async",
-                                       kwargs={"application_name": self._application_name()})
+                                       kwargs={"application_name": self._application_name(), "autocommit": True})
             await pool.open()  # opened before it is published: nobody sees a closed pool
             with self._lock:
                 extra = pool if self._apool_obj is not None else None
@@ -580,7 +581,7 @@ class App(Client):
         """
         kw = self._settings_args(name, deadline, heartbeat_timeout, dlq, dlq_retention, aging_interval,
                                  enqueue_shards, history_retention)
-        with self._conn_scope(conn) as c:
+        with self._conn_scope(conn) as c, (c.transaction() if c.autocommit else contextlib.nullcontext()):
             self.storage.queue_configure(c, name, **kw)
             return QueueSettings.from_row(self.storage.queue_settings(c, name)[0])
 
@@ -592,7 +593,7 @@ class App(Client):
         """Async twin of :meth:`configure_queue`."""
         kw = self._settings_args(name, deadline, heartbeat_timeout, dlq, dlq_retention, aging_interval,
                                  enqueue_shards, history_retention)
-        async with self._aconn_scope(conn) as c:
+        async with self._aconn_scope(conn) as c, (c.transaction() if c.autocommit else contextlib.nullcontext()):
             await self.storage.queue_configure_async(c, name, **kw)
             return QueueSettings.from_row((await self.storage.queue_settings_async(c, name))[0])
 
