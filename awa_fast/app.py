@@ -137,7 +137,7 @@ class App(Client):
                  max_payload_bytes: int = 1 << 20, pool_size: int = 4) -> None:
         self._dsn: str | None = None
         self._resolved: tuple[str, str] | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._pool_obj: Any = None
         self._apool_obj: Any = None
         super().__init__(dsn, resolve_schema(schema), default_queue=default_queue or "default",
@@ -191,13 +191,14 @@ class App(Client):
 
     def resolve_dsn(self) -> str:
         """The DSN in use (see the class docstring); starts the embedded server when none is configured."""
-        if self._resolved is None:
-            self._resolved = resolve_dsn(self._dsn)
-            dsn, source = self._resolved
-            log.info("awa-fast app (schema %s) uses PostgreSQL at %s (from %s)", self.storage.schema,
-                     redact_dsn(dsn), "the embedded server" if source == "embedded" else source,
-                     extra={"action": "dsn"})
-        return self._resolved[0]
+        with self._lock:
+            if self._resolved is None:
+                self._resolved = resolve_dsn(self._dsn)
+                dsn, source = self._resolved
+                log.info("awa-fast app (schema %s) uses PostgreSQL at %s (from %s)", self.storage.schema,
+                         redact_dsn(dsn), "the embedded server" if source == "embedded" else source,
+                         extra={"action": "dsn"})
+            return self._resolved[0]
 
     def _application_name(self) -> str:
         return f"awa_fast:app:{self.storage.schema}"
@@ -481,7 +482,9 @@ class App(Client):
         Polls with a backoff from 10 ms up to ``poll_interval``. Raises
         :class:`TimeoutError` after ``timeout`` seconds and
         :class:`UnknownJob` if the job does not exist (an enqueue not yet
-        committed is not visible to other connections).
+        committed is not visible to other connections). With ``conn=``, each
+        poll runs on that connection: under READ COMMITTED it sees every new
+        commit, inside a REPEATABLE READ transaction it never would.
         """
         jid = _job_id(job_id)
         limit = self._wait_timeout(timeout)

@@ -238,7 +238,8 @@ def _job_text(info: Any) -> str:
         lines.append("  errors:")
         for err in info.errors:
             if isinstance(err, dict):
-                lines.append(f"    attempt {err.get('attempt')} at {err.get('at')}: {err.get('error')}")
+                when = f" at {err['at']}" if err.get("at") else ""
+                lines.append(f"    attempt {err.get('attempt')}{when}: {err.get('error')}")
             else:
                 lines.append(f"    {err}")
     return "\n".join(lines)

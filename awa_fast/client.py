@@ -12,7 +12,7 @@ import math
 import re
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec

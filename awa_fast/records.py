@@ -32,7 +32,7 @@ class JobInfo:
     ``state`` is one of :data:`JOB_STATES`; ``attempt`` counts attempts
     started (the running one included); ``run_lease`` increments on every
     claim. ``errors`` lists earlier attempts' errors (oldest first, at most
-    10, each ``{"attempt", "at", "error"}``), ``error`` is the final or
+    10, each ``{"attempt", "error"}``), ``error`` is the final or
     last error. ``progress`` is the last value a running attempt flushed
     with ``job.set_progress`` (None otherwise, for now). ``result`` is the
     handler's returned value once the schema stores results (None until

@@ -684,7 +684,6 @@ _STATE_PLANES = {
     "scheduled": {"deferred"}, "retryable": {"deferred"}, "snoozed": {"deferred"},
     "waiting_external": {"leases"},
 }
-JOB_STATES = tuple(_STATE_PLANES)
 
 
 def _json_value(value: Any) -> Any:
