@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import msgspec
 
@@ -101,7 +101,10 @@ __all__ = [
 ]
 
 
-class Job:
+T = TypeVar("T")
+
+
+class Job(Generic[T]):
     """What a handler receives: one claimed attempt of one job.
 
     ``args`` are decoded lazily (with msgspec, into the handler's declared
@@ -160,7 +163,7 @@ class Job:
         return self.snapshot.priority
 
     @property
-    def args(self) -> Any:
+    def args(self) -> T:
         """The decoded job args (a dict, or the handler's ``msgspec.Struct`` type)."""
         if self._args is _UNSET:
             if self._args_type is not None:

@@ -201,3 +201,94 @@ FROM (SELECT DISTINCT cid FROM unnest(%s::bigint[]) AS cid ORDER BY cid) x
 -- name: ring_slot_empty
 -- Does a ring slot hold no live rows? (maintenance skips rotating an empty current slot)
 SELECT __SCHEMA__.ring_slot_empty(%s::text, %s::int)
+
+-- ---------------------------------------------------------------------------
+-- The public API's reads and admin writes (awa_fast.App, the CLI's job/queue/dlq
+-- commands). Cold paths: nothing here runs on claim or completion.
+-- ---------------------------------------------------------------------------
+
+-- name: job_load_many
+-- Jobs by id wherever they live (job_load each), in the order given, with the flushed progress of an
+-- open attempt (attempt_state primary key (job_id, run_lease)).
+SELECT u.job_id, j.v, s.progress
+FROM unnest(%s::bigint[]) WITH ORDINALITY AS u(job_id, n)
+CROSS JOIN LATERAL (SELECT __SCHEMA__.job_load(u.job_id) AS v) j
+LEFT JOIN __SCHEMA__.attempt_state s
+    ON s.job_id = u.job_id AND s.run_lease = (j.v->>'run_lease')::int
+   AND j.v->>'state' IN ('running', 'waiting_external')
+ORDER BY u.n
+
+-- name: job_list_ids
+-- Candidate job ids, newest id first, below a keyset cursor, with optional queue/kind filters; one branch
+-- per plane, each an index scan by job id (ready_entries_job, done_entries_job, the primary keys of
+-- deferred_jobs and dlq_entries, leases_job). The caller resolves states with job_load_many.
+SELECT job_id FROM (
+    (SELECT e.job_id FROM __SCHEMA__.ready_entries e
+     WHERE %(ready)s AND (%(before)s::bigint IS NULL OR e.job_id < %(before)s)
+       AND (%(kind)s::text IS NULL OR e.kind = %(kind)s)
+       AND (%(queue)s::text IS NULL OR e.lane_id IN (SELECT l.lane_id FROM __SCHEMA__.queue_lanes l
+                                                    WHERE l.queue = %(queue)s))
+     ORDER BY e.job_id DESC LIMIT %(limit)s)
+    UNION
+    (SELECT d.job_id FROM __SCHEMA__.done_entries d
+     WHERE %(done)s AND (%(before)s::bigint IS NULL OR d.job_id < %(before)s)
+       AND (%(kind)s::text IS NULL OR d.kind = %(kind)s) AND (%(queue)s::text IS NULL OR d.queue = %(queue)s)
+     ORDER BY d.job_id DESC LIMIT %(limit)s)
+    UNION
+    (SELECT x.job_id FROM __SCHEMA__.deferred_jobs x
+     WHERE %(deferred)s AND (%(before)s::bigint IS NULL OR x.job_id < %(before)s)
+       AND (%(kind)s::text IS NULL OR x.kind = %(kind)s) AND (%(queue)s::text IS NULL OR x.queue = %(queue)s)
+     ORDER BY x.job_id DESC LIMIT %(limit)s)
+    UNION
+    (SELECT x.job_id FROM __SCHEMA__.dlq_entries x
+     WHERE %(dlq)s AND (%(before)s::bigint IS NULL OR x.job_id < %(before)s)
+       AND (%(kind)s::text IS NULL OR x.kind = %(kind)s) AND (%(queue)s::text IS NULL OR x.queue = %(queue)s)
+     ORDER BY x.job_id DESC LIMIT %(limit)s)
+    UNION
+    (SELECT l.job_id FROM __SCHEMA__.leases l
+     WHERE %(leases)s AND (%(before)s::bigint IS NULL OR l.job_id < %(before)s)
+       AND (%(kind)s::text IS NULL OR l.kind = %(kind)s) AND (%(queue)s::text IS NULL OR l.queue = %(queue)s)
+     ORDER BY l.job_id DESC LIMIT %(limit)s)
+) ids ORDER BY job_id DESC LIMIT %(limit)s
+
+-- name: job_retry
+-- Retry one job now: a DLQ entry moves back to ready (dlq_retry), a scheduled/retryable/snoozed job
+-- becomes due (deferred_jobs primary key); NULL when it is neither.
+WITH d AS (SELECT __SCHEMA__.dlq_retry(ARRAY[%(job_id)s::bigint]) AS job_id),
+     u AS (UPDATE __SCHEMA__.deferred_jobs SET run_at = now() WHERE job_id = %(job_id)s::bigint RETURNING job_id)
+SELECT CASE WHEN EXISTS (SELECT 1 FROM d) THEN 'retried' WHEN EXISTS (SELECT 1 FROM u) THEN 'due_now' END
+
+-- name: dlq_select
+-- DLQ entries matching ids and/or a queue (what a retry or purge would touch), newest first
+-- (dlq_entries primary key, or dlq_entries_queue).
+SELECT job_id, queue, kind, attempt, max_attempts, reason, failed_at, args
+FROM __SCHEMA__.dlq_entries
+WHERE (%(ids)s::bigint[] IS NULL OR job_id = ANY (%(ids)s::bigint[]))
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+ORDER BY failed_at DESC, job_id DESC
+LIMIT %(limit)s
+
+-- name: dlq_retry_where
+-- Move the DLQ entries matching ids and/or a queue back to ready; returns their ids
+-- (dlq_entries primary key, or dlq_entries_queue).
+SELECT __SCHEMA__.dlq_retry(ARRAY(
+    SELECT job_id FROM __SCHEMA__.dlq_entries
+    WHERE (%(ids)s::bigint[] IS NULL OR job_id = ANY (%(ids)s::bigint[]))
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s)))
+
+-- name: dlq_purge_where
+-- Delete the DLQ entries matching ids and/or a queue (both filters hold); returns their ids
+-- (dlq_entries primary key, or dlq_entries_queue).
+DELETE FROM __SCHEMA__.dlq_entries
+WHERE (%(ids)s::bigint[] IS NULL OR job_id = ANY (%(ids)s::bigint[]))
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+RETURNING job_id
+
+-- name: queue_settings
+-- Every setting of one queue (or of all), durations in seconds (queue_meta primary key).
+SELECT queue, paused, stripes, enqueue_shards, dlq_enabled,
+       extract(epoch FROM deadline)::float8, extract(epoch FROM heartbeat_timeout)::float8,
+       extract(epoch FROM aging_interval)::float8, extract(epoch FROM dlq_retention)::float8, created_at
+FROM __SCHEMA__.queue_meta
+WHERE %(queue)s::text IS NULL OR queue = %(queue)s
+ORDER BY queue

@@ -518,6 +518,263 @@ class Storage:
         return int(row[0]) if row and row[0] is not None else 0
 
 
+    # -- the public API's reads and admin writes (awa_fast.App, the CLI) ----------
+    # Each has a sync and an ``_async`` twin built from one statement
+    # description, so the two can never disagree. Jsonb comes back decoded
+    # whether or not the connection uses :func:`use_raw_jsonb`.
+
+    def _run(self, conn: psycopg.Connection, stmts: Sequence[_Stmt]) -> Any:
+        result: Any = None
+        for st in stmts:
+            cur = conn.execute(self.q[st.name], st.params)
+            rows = cur.fetchall() if cur.description is not None else []
+            result = st.shape(rows, cur.rowcount)
+        return result
+
+    async def _run_async(self, conn: psycopg.AsyncConnection, stmts: Sequence[_Stmt]) -> Any:
+        result: Any = None
+        for st in stmts:
+            cur = await conn.execute(self.q[st.name], st.params)
+            rows = await cur.fetchall() if cur.description is not None else []
+            result = st.shape(rows, cur.rowcount)
+        return result
+
+    def job_load_many(self, conn: psycopg.Connection, job_ids: Sequence[int]) -> list[dict[str, Any] | None]:
+        """Each job (``job_load``'s dict plus ``progress``) in the order given; None where unknown."""
+        return self._run(conn, [_job_load_many(job_ids)])
+
+    async def job_load_many_async(self, conn: psycopg.AsyncConnection,
+                                  job_ids: Sequence[int]) -> list[dict[str, Any] | None]:
+        """Async twin of :meth:`job_load_many`."""
+        return await self._run_async(conn, [_job_load_many(job_ids)])
+
+    def job_list(self, conn: psycopg.Connection, *, queue: str | None = None, kind: str | None = None,
+                 state: str | None = None, limit: int = 100, before_id: int | None = None) -> list[dict[str, Any]]:
+        """Jobs newest id first (below ``before_id``), filtered; each as :meth:`job_load_many` gives it."""
+        out: list[dict[str, Any]] = []
+        cursor = before_id
+        while len(out) < limit:
+            page = max(limit, 100)
+            ids = self._run(conn, [_job_list_ids(queue, kind, state, page, cursor)])
+            if not ids:
+                break
+            out.extend(_keep_state(self._run(conn, [_job_load_many(ids)]), state))
+            if len(ids) < page:
+                break
+            cursor = ids[-1]
+        return out[:limit]
+
+    async def job_list_async(self, conn: psycopg.AsyncConnection, *, queue: str | None = None,
+                             kind: str | None = None, state: str | None = None, limit: int = 100,
+                             before_id: int | None = None) -> list[dict[str, Any]]:
+        """Async twin of :meth:`job_list`."""
+        out: list[dict[str, Any]] = []
+        cursor = before_id
+        while len(out) < limit:
+            page = max(limit, 100)
+            ids = await self._run_async(conn, [_job_list_ids(queue, kind, state, page, cursor)])
+            if not ids:
+                break
+            out.extend(_keep_state(await self._run_async(conn, [_job_load_many(ids)]), state))
+            if len(ids) < page:
+                break
+            cursor = ids[-1]
+        return out[:limit]
+
+    def job_retry(self, conn: psycopg.Connection, job_id: int) -> str | None:
+        """Retry one job now: ``retried`` (from the DLQ), ``due_now`` (deferred), or None."""
+        return self._run(conn, [_job_retry(job_id)])
+
+    async def job_retry_async(self, conn: psycopg.AsyncConnection, job_id: int) -> str | None:
+        """Async twin of :meth:`job_retry`."""
+        return await self._run_async(conn, [_job_retry(job_id)])
+
+    async def job_cancel_async(self, conn: psycopg.AsyncConnection, job_id: int) -> str:
+        """Async twin of :meth:`job_cancel`."""
+        return await self._run_async(conn, [_Stmt("job_cancel", (job_id,), _first_text)])
+
+    async def callback_resolve_async(self, conn: psycopg.AsyncConnection, token: uuid.UUID | str, action: str,
+                                     payload: RawJson | None = None, error: str | None = None) -> str:
+        """Async twin of :meth:`callback_resolve`."""
+        return await self._run_async(conn, [_Stmt("callback_resolve", (str(token), action, payload,
+                                                                       clean_text(error)), _first_text)])
+
+    def queue_settings(self, conn: psycopg.Connection, queue: str | None = None) -> list[dict[str, Any]]:
+        """Every setting of ``queue`` (or of every queue); durations in seconds."""
+        return self._run(conn, [_queue_settings(queue)])
+
+    async def queue_settings_async(self, conn: psycopg.AsyncConnection,
+                                   queue: str | None = None) -> list[dict[str, Any]]:
+        """Async twin of :meth:`queue_settings`."""
+        return await self._run_async(conn, [_queue_settings(queue)])
+
+    async def queue_configure_async(self, conn: psycopg.AsyncConnection, queue: str, *,
+                                    stripes: int | None = None, enqueue_shards: int | None = None,
+                                    dlq_enabled: bool | None = None, deadline: float | None | bool = False,
+                                    heartbeat_timeout: float | None = None, aging_interval: float | None = None,
+                                    dlq_retention: float | None = None) -> None:
+        """Async twin of :meth:`queue_configure`."""
+        await self._run_async(conn, [_Stmt("queue_ensure", (queue,), _nothing), _Stmt("queue_configure", {
+            "queue": queue, "stripes": stripes, "enqueue_shards": enqueue_shards, "dlq_enabled": dlq_enabled,
+            "deadline_set": deadline is not False, "deadline": None if deadline is False else deadline,
+            "heartbeat_timeout": heartbeat_timeout, "aging_interval": aging_interval,
+            "dlq_retention": dlq_retention}, _nothing)])
+
+    async def queue_pause_async(self, conn: psycopg.AsyncConnection, queue: str, paused: bool = True) -> bool:
+        """Async twin of :meth:`queue_pause`."""
+        return await self._run_async(conn, [_Stmt("queue_pause", (paused, queue), lambda _r, n: n > 0)])
+
+    async def queue_counts_exact_async(self, conn: psycopg.AsyncConnection) -> dict[str, dict[str, int]]:
+        """Async twin of :meth:`queue_counts_exact`."""
+        return await self._run_async(conn, [_Stmt("queue_counts_exact", (), _counts)])
+
+    def dlq_select(self, conn: psycopg.Connection, job_ids: Sequence[int] | None = None,
+                   queue: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        """DLQ entries matching ``job_ids`` and/or ``queue`` (both when both are given), newest first."""
+        return self._run(conn, [_dlq_select(job_ids, queue, limit)])
+
+    async def dlq_select_async(self, conn: psycopg.AsyncConnection, job_ids: Sequence[int] | None = None,
+                               queue: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        """Async twin of :meth:`dlq_select`."""
+        return await self._run_async(conn, [_dlq_select(job_ids, queue, limit)])
+
+    def dlq_retry_where(self, conn: psycopg.Connection, job_ids: Sequence[int] | None = None,
+                        queue: str | None = None) -> list[int]:
+        """Move DLQ entries matching ``job_ids`` and/or ``queue`` back to ready; returns their ids."""
+        return self._run(conn, [_dlq_where("dlq_retry_where", job_ids, queue)])
+
+    async def dlq_retry_where_async(self, conn: psycopg.AsyncConnection, job_ids: Sequence[int] | None = None,
+                                    queue: str | None = None) -> list[int]:
+        """Async twin of :meth:`dlq_retry_where`."""
+        return await self._run_async(conn, [_dlq_where("dlq_retry_where", job_ids, queue)])
+
+    def dlq_purge_where(self, conn: psycopg.Connection, job_ids: Sequence[int] | None = None,
+                        queue: str | None = None) -> list[int]:
+        """Delete DLQ entries matching ``job_ids`` and/or ``queue``; returns their ids."""
+        return self._run(conn, [_dlq_where("dlq_purge_where", job_ids, queue)])
+
+    async def dlq_purge_where_async(self, conn: psycopg.AsyncConnection, job_ids: Sequence[int] | None = None,
+                                    queue: str | None = None) -> list[int]:
+        """Async twin of :meth:`dlq_purge_where`."""
+        return await self._run_async(conn, [_dlq_where("dlq_purge_where", job_ids, queue)])
+
+    async def schema_check_async(self, conn: psycopg.AsyncConnection) -> None:
+        """Async twin of :meth:`schema_check`."""
+        cur = await conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f'"{self.schema}".schema_migrations',))
+        row = await cur.fetchone()
+        found = 0
+        if row and row[0]:
+            cur = await conn.execute(render("SELECT max(version) FROM __SCHEMA__.schema_migrations", self.schema))
+            row = await cur.fetchone()
+            found = int(row[0] or 0) if row else 0
+        expected = latest_version()
+        if found < expected:
+            raise SchemaNotMigrated(self.schema, expected, found or None)
+        if found > expected:
+            raise SchemaTooNew(self.schema, expected, found)
+
+
+# -- statement descriptions of the public API's block (see Storage._run) -------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Stmt:
+    name: str
+    params: Any
+    shape: Any  # (rows, rowcount) -> result
+
+
+# Where each job state can live, for job_list_ids' per-plane switches.
+_STATE_PLANES = {
+    "available": {"ready"}, "running": {"ready"}, "cancelled": {"ready", "done"},
+    "completed": {"done"}, "failed": {"done"}, "dlq": {"dlq"},
+    "scheduled": {"deferred"}, "retryable": {"deferred"}, "snoozed": {"deferred"},
+    "waiting_external": {"leases"},
+}
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        import msgspec
+
+        return msgspec.json.decode(bytes(value))
+    return value
+
+
+def _job_load_many(job_ids: Sequence[int]) -> _Stmt:
+    def shape(rows: list[tuple[Any, ...]], _n: int) -> list[dict[str, Any] | None]:
+        out: list[dict[str, Any] | None] = []
+        for _job_id, value, progress in rows:
+            if value is None:
+                out.append(None)
+                continue
+            job = dict(_json_value(value))
+            job["progress"] = _json_value(progress)
+            out.append(job)
+        return out
+
+    return _Stmt("job_load_many", ([int(j) for j in job_ids],), shape)
+
+
+def _job_list_ids(queue: str | None, kind: str | None, state: str | None, limit: int,
+                  before: int | None) -> _Stmt:
+    planes = _STATE_PLANES[state] if state is not None else {"ready", "done", "deferred", "dlq", "leases"}
+    params = {p: p in planes for p in ("ready", "done", "deferred", "dlq", "leases")}
+    params.update(queue=queue, kind=kind, limit=limit, before=before)
+    return _Stmt("job_list_ids", params, lambda rows, _n: [int(r[0]) for r in rows])
+
+
+def _keep_state(jobs: list[dict[str, Any] | None], state: str | None) -> list[dict[str, Any]]:
+    return [j for j in jobs if j is not None and (state is None or j.get("state") == state)]
+
+
+def _job_retry(job_id: int) -> _Stmt:
+    return _Stmt("job_retry", {"job_id": job_id}, lambda rows, _n: rows[0][0] if rows else None)
+
+
+_QUEUE_SETTING_KEYS = ("queue", "paused", "stripes", "enqueue_shards", "dlq_enabled", "deadline_s",
+                       "heartbeat_timeout_s", "aging_interval_s", "dlq_retention_s", "created_at")
+
+
+def _queue_settings(queue: str | None) -> _Stmt:
+    return _Stmt("queue_settings", {"queue": queue},
+                 lambda rows, _n: [dict(zip(_QUEUE_SETTING_KEYS, r)) for r in rows])
+
+
+_DLQ_KEYS = ("job_id", "queue", "kind", "attempt", "max_attempts", "reason", "failed_at", "args")
+
+
+def _dlq_select(job_ids: Sequence[int] | None, queue: str | None, limit: int) -> _Stmt:
+    def shape(rows: list[tuple[Any, ...]], _n: int) -> list[dict[str, Any]]:
+        out = [dict(zip(_DLQ_KEYS, r)) for r in rows]
+        for row in out:
+            row["args"] = _json_value(row["args"])
+        return out
+
+    ids = None if job_ids is None else [int(j) for j in job_ids]
+    return _Stmt("dlq_select", {"ids": ids, "queue": queue, "limit": limit}, shape)
+
+
+def _dlq_where(name: str, job_ids: Sequence[int] | None, queue: str | None) -> _Stmt:
+    ids = None if job_ids is None else [int(j) for j in job_ids]
+    return _Stmt(name, {"ids": ids, "queue": queue}, lambda rows, _n: sorted(int(r[0]) for r in rows))
+
+
+def _first_text(rows: list[tuple[Any, ...]], _n: int) -> str:
+    return str(rows[0][0])
+
+
+def _nothing(_rows: list[tuple[Any, ...]], _n: int) -> None:
+    return None
+
+
+def _counts(rows: list[tuple[Any, ...]], _n: int) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for queue, state, count in rows:
+        out.setdefault(queue, {})[state] = int(count)
+    return out
+
+
 def close_quietly(conn: psycopg.Connection | None) -> None:
     """Close a connection that may already be broken; errors while closing are moot."""
     if conn is None:
