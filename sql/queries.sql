@@ -20,11 +20,12 @@ SELECT __SCHEMA__.job_enqueue_many(%s::text, %s::int, %s::text, %s::jsonb[], %s:
 SELECT lane_id, first_seq, ready_slot FROM __SCHEMA__.lane_reserve(%s::text, %s::int, %s::int, pg_backend_pid())
 
 -- name: lane_claim
--- Claim up to N jobs of a queue for a stripe; returns claim snapshots in ClaimSnapshot field order,
+-- Claim up to N jobs of a queue for a stripe; returns claim snapshots in ClaimSnapshot field order
+-- (progress last: carried from an earlier attempt, see claim_batch_v3),
 -- then possibly the backlog marker (a row with job_id NULL; see claim_batch_v2).
 SELECT job_id, run_lease, attempt, max_attempts, queue, kind, priority, args, metadata, ready_slot,
-       lane_id, lane_seq, claim_slot, claim_id, created_at, errors, callback_result
-FROM __SCHEMA__.claim_batch_v2(%s::text, %s::int, %s::int, %s::int)
+       lane_id, lane_seq, claim_slot, claim_id, created_at, errors, callback_result, progress
+FROM __SCHEMA__.claim_batch_v3(%s::text, %s::int, %s::int, %s::int)
 
 -- name: receipt_guard
 -- Lock the receipts of a completion batch; returns what in them is no longer open (job_id NULL: all of it).
@@ -72,8 +73,8 @@ SELECT __SCHEMA__.callback_resolve(%s::uuid, %s::text, %s::jsonb, %s::text)
 SELECT __SCHEMA__.job_cancel(%s::bigint)
 
 -- name: job_load
--- Find a job wherever it lives (JSON object or NULL).
-SELECT __SCHEMA__.job_load(%s::bigint)
+-- Find a job wherever it lives (JSON object or NULL), with its progress and result.
+SELECT __SCHEMA__.job_load_v2(%s::bigint)
 
 -- name: deferred_promote
 -- Promote due deferred jobs into ready (index deferred_jobs_due).
@@ -158,13 +159,15 @@ UPDATE __SCHEMA__.queue_meta SET
     deadline = CASE WHEN %(deadline_set)s THEN make_interval(secs => %(deadline)s) ELSE deadline END,
     heartbeat_timeout = COALESCE(make_interval(secs => %(heartbeat_timeout)s), heartbeat_timeout),
     aging_interval = COALESCE(make_interval(secs => %(aging_interval)s), aging_interval),
-    dlq_retention = COALESCE(make_interval(secs => %(dlq_retention)s), dlq_retention)
+    dlq_retention = COALESCE(make_interval(secs => %(dlq_retention)s), dlq_retention),
+    history_retention = COALESCE(make_interval(secs => %(history_retention)s), history_retention)
 WHERE queue = %(queue)s
 
 -- name: queue_list
 -- Queue settings.
 SELECT queue, paused, stripes, enqueue_shards, dlq_enabled,
-       extract(epoch FROM deadline)::float8, extract(epoch FROM heartbeat_timeout)::float8
+       extract(epoch FROM deadline)::float8, extract(epoch FROM heartbeat_timeout)::float8,
+       extract(epoch FROM history_retention)::float8
 FROM __SCHEMA__.queue_meta ORDER BY queue
 
 -- name: dead_tuples
@@ -201,3 +204,16 @@ FROM (SELECT DISTINCT cid FROM unnest(%s::bigint[]) AS cid ORDER BY cid) x
 -- name: ring_slot_empty
 -- Does a ring slot hold no live rows? (maintenance skips rotating an empty current slot)
 SELECT __SCHEMA__.ring_slot_empty(%s::text, %s::int)
+
+-- name: receipt_complete_results
+-- Complete attempts whose handler returned a value, storing it as done_entries.result; returns the stale ones.
+SELECT job_id, run_lease FROM __SCHEMA__.receipt_complete_results(%s::int[], %s::bigint[], %s::bigint[], %s::int[],
+    %s::int[], %s::int[], %s::bigint[], %s::int[], %s::text[], %s::text[], %s::boolean[], %s::jsonb[])
+
+-- name: ring_prune_retained
+-- Prune a sealed slot like ring_prune, but keep a ready slot until it has been quiet for the retention.
+SELECT __SCHEMA__.ring_prune_v2(%s::text, %s::int, %s::text, make_interval(secs => %s::float8))
+
+-- name: ready_retention
+-- History retention of the shared ready ring: the longest of the queues' (1 hour when no queue is known).
+SELECT extract(epoch FROM COALESCE(max(history_retention), interval '1 hour'))::float8 FROM __SCHEMA__.queue_meta

@@ -312,6 +312,44 @@ class Storage:
             [(s.job_id, s.run_lease) in ws for s in snapshots])).fetchall()
         return sorted((int(j), int(l)) for j, l in rows)
 
+    # -- results, progress, history retention (migration 0005) ------------------
+
+    def receipt_complete_results(self, conn: psycopg.Connection,
+                                 items: Sequence[tuple[ClaimSnapshot, bool, RawJson]]) -> list[tuple[int, int]]:
+        """Complete attempts whose handler returned a value: ``(snapshot, lease_backed, result JSON)`` each.
+
+        One statement (``receipt_complete_results``): the same guard and rows
+        as :meth:`receipt_complete` plus ``done_entries.result``, a closure per
+        attempt. Returns the stale attempts (nothing written for them).
+        """
+        if not items:
+            return []
+        snaps = [it[0] for it in items]
+        rows = conn.execute(self.q["receipt_complete_results"], (
+            [s.claim_slot for s in snaps], [s.claim_id for s in snaps],
+            [s.job_id for s in snaps], [s.run_lease for s in snaps],
+            [s.ready_slot for s in snaps], [s.lane_id for s in snaps],
+            [s.lane_seq for s in snaps], [s.attempt for s in snaps],
+            [s.queue for s in snaps], [s.kind for s in snaps],
+            [bool(it[1]) for it in items], [it[2] for it in items])).fetchall()
+        return sorted((int(j), int(l)) for j, l in rows)
+
+    def ring_prune_retained(self, conn: psycopg.Connection, ring: str, slot: int, retain_s: float,
+                            lock_timeout_ms: int = 50) -> str:
+        """:meth:`ring_prune` that keeps a quiet ready slot for ``retain_s`` seconds first.
+
+        Answers ``retained`` while it keeps the slot; ``retain_s`` 0 is ring_prune.
+        """
+        row = conn.execute(self.q["ring_prune_retained"],
+                           (ring, slot, f"{int(lock_timeout_ms)}ms", max(0.0, float(retain_s)))).fetchone()
+        assert row is not None
+        return str(row[0])
+
+    def ready_retention(self, conn: psycopg.Connection) -> float:
+        """History retention of the shared ready ring, seconds: the longest over the queues (1 h default)."""
+        row = conn.execute(self.q["ready_retention"]).fetchone()
+        return float(row[0]) if row and row[0] is not None else 3600.0
+
     def attempt_close(self, conn: psycopg.Connection, items: Sequence[tuple[ClaimSnapshot, int, float | None,
                       str | None]]) -> list[AttemptResult]:
         """Close attempts with explicit outcomes: ``(snapshot, outcome, delay_s, error)`` each.
@@ -452,18 +490,25 @@ class Storage:
     def queue_configure(self, conn: psycopg.Connection, queue: str, *, stripes: int | None = None,
                         enqueue_shards: int | None = None, dlq_enabled: bool | None = None,
                         deadline: float | None | bool = False, heartbeat_timeout: float | None = None,
-                        aging_interval: float | None = None, dlq_retention: float | None = None) -> None:
-        """Change queue settings; ``deadline=None`` removes the deadline, ``False`` keeps it."""
+                        aging_interval: float | None = None, dlq_retention: float | None = None,
+                        history_retention: float | None = None) -> None:
+        """Change queue settings; ``deadline=None`` removes the deadline, ``False`` keeps it.
+
+        ``history_retention`` (seconds, >= 0): how long this queue's terminal
+        jobs stay visible at least (the ready ring is shared: it keeps
+        history for the longest retention of any queue).
+        """
         self.queue_ensure(conn, queue)
         conn.execute(self.q["queue_configure"], {
             "queue": queue, "stripes": stripes, "enqueue_shards": enqueue_shards, "dlq_enabled": dlq_enabled,
             "deadline_set": deadline is not False, "deadline": None if deadline is False else deadline,
             "heartbeat_timeout": heartbeat_timeout, "aging_interval": aging_interval,
-            "dlq_retention": dlq_retention})
+            "dlq_retention": dlq_retention, "history_retention": history_retention})
 
     def queue_list(self, conn: psycopg.Connection) -> list[dict[str, Any]]:
         """Settings of every known queue."""
-        keys = ("queue", "paused", "stripes", "enqueue_shards", "dlq_enabled", "deadline_s", "heartbeat_timeout_s")
+        keys = ("queue", "paused", "stripes", "enqueue_shards", "dlq_enabled", "deadline_s", "heartbeat_timeout_s",
+                "history_retention_s")
         return [dict(zip(keys, r)) for r in conn.execute(self.q["queue_list"]).fetchall()]
 
     def dlq_list(self, conn: psycopg.Connection, queue: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
