@@ -238,6 +238,9 @@ def test_returned_values_complete_the_job_as_its_result(pg_dsn, schema, storage,
         job = _terminal(storage, conn, scalar, sup)
         assert job["result"] == 42 and job["attempt"] == 1, job
         # not storable: retried (attempt consumed) with the type named, then dead-lettered
+        job = _terminal(storage, conn, bad, sup, "retryable")
+        assert "type NotJson" in job["errors"][0]["error"], job["errors"]
+        assert storage.deferred_run_now(conn, bad)  # skip the backoff
         job = _terminal(storage, conn, bad, sup, "dlq")
         assert [r["attempt"] for r in runlog.for_job(bad, "run")] == [1, 2]
         assert "type NotJson" in job["errors"][0]["error"], job["errors"]
