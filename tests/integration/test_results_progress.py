@@ -27,6 +27,7 @@ import pytest
 
 import awa_fast
 from awa_fast.app import App
+from awa_fast.jobs import ClaimSnapshot, Job
 from awa_fast.storage import CLOSE_RETRY, CLOSE_SNOOZE
 from tests.integration import storage_helpers as sh
 from tests.integration.runtime_apps import record
@@ -113,6 +114,22 @@ def progress_then_retry(job: Any) -> Any:
     if job.attempt == 2:
         return awa_fast.RetryAfter(0.01, "retry without new progress")
     return {"progress_seen": job.progress}
+
+
+# -- the snapshot's trailing field ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("impl", ["c", "python"])
+def test_snapshot_decoders_fill_the_trailing_progress_field(impl):
+    import importlib
+
+    codec = importlib.import_module("awa_fast._codec" if impl == "c" else "awa_fast._pycodec")
+    now = _dt.datetime.now(_dt.timezone.utc)
+    base = (1, 1, 1, 3, "q", "k", 2, b"{}", None, 0, 1, 1, 0, 9, now, None, None)
+    old_row, new_row = codec.decode_snapshots([base, (*base, b'{"pct":5}')])
+    assert old_row.progress is None and new_row.progress == b'{"pct":5}'
+    assert old_row == ClaimSnapshot(*base)
+    assert Job(new_row).progress == {"pct": 5} and Job(old_row).progress is None
 
 
 # -- storage level --------------------------------------------------------------------------
