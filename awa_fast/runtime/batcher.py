@@ -315,23 +315,24 @@ class CompletionBatcher:
                             replay: bool) -> None:
         """A flush with result-carrying completions in it (the plain path above never comes here).
 
-        Results go through their own statement; plain completions keep the
-        binary COPY. Alone, the results are one autocommit statement (it
-        takes its receipt locks itself, ascending); mixed with other outcomes
-        everything runs in one transaction after locking every receipt of
-        the flush up front, ascending (the one lock order).
+        Results go through their own binary COPY (``Storage.receipt_complete_results``:
+        receipt guard, done rows with the result column, a closure per
+        attempt); plain completions keep theirs. Alone, the results are one
+        transaction of their own; mixed with other outcomes everything runs
+        in one transaction after locking every receipt of the flush up
+        front, ascending (the one lock order).
         """
         items = [(j.snapshot, j.lease_backed, o.result) for j, o in results]
         stale: set[tuple[int, int]] = set()
         if not completes and not others:
-            stale.update(self.storage.receipt_complete_results(conn, items))
+            stale.update(self.storage.receipt_complete_results(conn, items, self._stateful))
         else:
             with conn.transaction():
                 self.storage.receipt_lock(conn, [s.claim_id for s in completes] + [o[0].claim_id for o in others]
                                           + [it[0].claim_id for it in items])
                 if completes:
                     stale.update(self.storage.receipt_complete(conn, completes, whole, with_state))
-                stale.update(self.storage.receipt_complete_results(conn, items))
+                stale.update(self.storage.receipt_complete_results(conn, items, self._stateful))
                 if others:
                     for r in self.storage.attempt_close(conn, others):
                         if r.status == "stale":

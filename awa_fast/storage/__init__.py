@@ -17,8 +17,10 @@ caller's own transaction. Names follow the named queries in
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import os
+import struct
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -101,13 +103,14 @@ CLOSE_SNOOZE = 5
 
 _READY_COPY = "COPY __SCHEMA__.ready_entries_{slot} (ready_slot, lane_id, lane_seq, job_id, kind, args, metadata, attempt, max_attempts, lease_base) FROM STDIN (FORMAT binary)"
 _DONE_COPY = "COPY __SCHEMA__.done_entries (ready_slot, job_id, lane_id, lane_seq, run_lease, attempt, state, queue, kind) FROM STDIN (FORMAT binary)"
+_DONE_RESULT_COPY = "COPY __SCHEMA__.done_entries (ready_slot, job_id, lane_id, lane_seq, run_lease, attempt, state, queue, kind, result) FROM STDIN (FORMAT binary)"
 _CLOSURE_COPY = "COPY __SCHEMA__.lease_claim_closures (claim_slot, claim_id, job_id, run_lease, outcome) FROM STDIN (FORMAT binary)"
 
 
 class Storage:
     """All SQL of one awa-fast schema. Stateless apart from its rendered queries."""
 
-    __slots__ = ("schema", "q", "channel", "_done_copy", "_closure_copy")
+    __slots__ = ("schema", "q", "channel", "_done_copy", "_closure_copy", "_done_result_copy")
 
     def __init__(self, schema: str = "awa_fast") -> None:
         self.schema = validate_schema(schema)
@@ -115,6 +118,7 @@ class Storage:
         self.channel = f"awa_fast_{schema}"
         self._done_copy = render(_DONE_COPY, schema)
         self._closure_copy = render(_CLOSURE_COPY, schema)
+        self._done_result_copy = render(_DONE_RESULT_COPY, schema)
 
     def __repr__(self) -> str:
         return f"Storage(schema={self.schema!r})"
@@ -315,24 +319,64 @@ class Storage:
     # -- results, progress, history retention (migration 0005) ------------------
 
     def receipt_complete_results(self, conn: psycopg.Connection,
-                                 items: Sequence[tuple[ClaimSnapshot, bool, RawJson]]) -> list[tuple[int, int]]:
+                                 items: Sequence[tuple[ClaimSnapshot, bool, RawJson]],
+                                 with_state: set[tuple[int, int]] | None = None) -> list[tuple[int, int]]:
         """Complete attempts whose handler returned a value: ``(snapshot, lease_backed, result JSON)`` each.
 
-        One statement (``receipt_complete_results``): the same guard and rows
-        as :meth:`receipt_complete` plus ``done_entries.result``, a closure per
-        attempt. Returns the stale attempts (nothing written for them).
+        Receipt-backed attempts take the completion path of
+        :meth:`receipt_complete` (receipt locks and guard, then binary COPY)
+        into ``done_entries`` with its ``result`` column, and a closure row
+        per attempt; lease-backed ones (rare: parked for a callback, then
+        returned a value) go through ``receipt_complete_results``.
+        ``with_state``: the attempts that may have an ``attempt_state`` row
+        (None: any of them). Runs in the current transaction, or in its own
+        when the connection is idle. Returns the stale attempts (nothing
+        written for them).
         """
         if not items:
             return []
-        snaps = [it[0] for it in items]
-        rows = conn.execute(self.q["receipt_complete_results"], (
-            [s.claim_slot for s in snaps], [s.claim_id for s in snaps],
-            [s.job_id for s in snaps], [s.run_lease for s in snaps],
-            [s.ready_slot for s in snaps], [s.lane_id for s in snaps],
-            [s.lane_seq for s in snaps], [s.attempt for s in snaps],
-            [s.queue for s in snaps], [s.kind for s in snaps],
-            [bool(it[1]) for it in items], [it[2] for it in items])).fetchall()
-        return sorted((int(j), int(l)) for j, l in rows)
+        own = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        with conn.transaction() if own else contextlib.nullcontext():
+            stale: list[tuple[int, int]] = []
+            leased = [it for it in items if it[1]]
+            if leased:
+                snaps = [it[0] for it in leased]
+                stale += [(int(j), int(l)) for j, l in conn.execute(self.q["receipt_complete_results"], (
+                    [s.claim_slot for s in snaps], [s.claim_id for s in snaps],
+                    [s.job_id for s in snaps], [s.run_lease for s in snaps],
+                    [s.ready_slot for s in snaps], [s.lane_id for s in snaps],
+                    [s.lane_seq for s in snaps], [s.attempt for s in snaps],
+                    [s.queue for s in snaps], [s.kind for s in snaps],
+                    [True] * len(snaps), [it[2] for it in leased])).fetchall()]
+            plain = [it for it in items if not it[1]]
+            if plain:
+                stale += self._results_copy(conn, plain, with_state)
+        return sorted(stale)
+
+    def _results_copy(self, conn: psycopg.Connection, items: Sequence[tuple[ClaimSnapshot, bool, RawJson]],
+                      with_state: set[tuple[int, int]] | None) -> list[tuple[int, int]]:
+        receipts = {(it[0].claim_slot, it[0].claim_id) for it in items}
+        closed = conn.execute(self.q["receipt_guard"], (
+            [r[0] for r in receipts], [r[1] for r in receipts])).fetchall()
+        live = items
+        stale: set[tuple[int, int]] = set()
+        if closed:
+            gone = {int(cid) for cid, j, _ in closed if j is None}
+            closed_attempts = {(int(j), int(l)) for _, j, l in closed if j is not None}
+            stale = {(s.job_id, s.run_lease) for s, _, _ in items
+                     if s.claim_id in gone or (s.job_id, s.run_lease) in closed_attempts}
+            live = [it for it in items if (it[0].job_id, it[0].run_lease) not in stale]
+        if live:
+            snaps = [it[0] for it in live]
+            cur = conn.cursor()
+            with cur.copy(self._done_result_copy) as cp:
+                cp.write(encode_done_result_rows(live))
+            with cur.copy(self._closure_copy) as cp:
+                cp.write(_impl.encode_closure_rows(snaps, 1))
+            keep = snaps if with_state is None else [s for s in snaps if (s.job_id, s.run_lease) in with_state]
+            if keep:
+                conn.execute(self.q["attempt_state_delete"], ([s.job_id for s in keep], [s.run_lease for s in keep]))
+        return sorted(stale)
 
     def ring_prune_retained(self, conn: psycopg.Connection, ring: str, slot: int, retain_s: float,
                             lock_timeout_ms: int = 50) -> str:
@@ -554,6 +598,41 @@ class Storage:
     def _scalar_int(self, conn: psycopg.Connection, name: str, params: tuple[Any, ...]) -> int:
         row = conn.execute(self.q[name], params).fetchone()
         return int(row[0]) if row and row[0] is not None else 0
+
+
+_COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + b"\x00\x00\x00\x00" + b"\x00\x00\x00\x00"
+_COPY_TRAILER = b"\xff\xff"
+# 10 fields: ready_slot int2, job_id int8, lane_id int4, lane_seq int8, run_lease int4, attempt int2, state int2
+_DONE_RESULT_HEAD = struct.Struct(">hihiqiiiqiiihih")
+
+
+def encode_done_result_rows(items: Sequence[tuple[ClaimSnapshot, bool, bytes]]) -> bytes:
+    """Binary COPY stream for ``done_entries (ready_slot, job_id, lane_id, lane_seq, run_lease,
+    attempt, state, queue, kind, result)``: completed rows with the handler's result (raw JSON).
+
+    Plain Python: only result-carrying completions use it; the common ones
+    go through the accelerated ``encode_done_rows``.
+    """
+    parts = [_COPY_HEADER]
+    append = parts.append
+    pack = _DONE_RESULT_HEAD.pack
+    texts: dict[str, bytes] = {}
+    for s, _, result in items:
+        append(pack(10, 2, s.ready_slot, 8, s.job_id, 4, s.lane_id, 8, s.lane_seq, 4, s.run_lease, 2, s.attempt,
+                    2, 1))
+        for text in (s.queue, s.kind):
+            field = texts.get(text)
+            if field is None:
+                raw = text.encode("utf-8")
+                field = texts[text] = len(raw).to_bytes(4, "big") + raw
+            append(field)
+        if result is None:
+            append(b"\xff\xff\xff\xff")  # NULL
+        else:
+            data = bytes(result)
+            append((len(data) + 1).to_bytes(4, "big") + b"\x01" + data)  # jsonb binary: version 1, then the text
+    append(_COPY_TRAILER)
+    return b"".join(parts)
 
 
 def close_quietly(conn: psycopg.Connection | None) -> None:

@@ -161,6 +161,23 @@ def test_result_completion_is_stored_and_guarded(schema, storage, conn):
     assert len(sh.done_rows(conn, schema, ids[1])) == 1
 
 
+def test_result_completion_function_guards_receipt_backed_attempts(schema, storage, conn):
+    """The one-statement SQL path (the runtime uses it for lease-backed attempts) guards like the COPY."""
+    job = sh.enqueue(schema, conn, "rq", {})
+    [snap] = sh.claim(storage, conn, "rq")
+
+    def call(value):  # noqa: ANN001, ANN202
+        return conn.execute(storage.q["receipt_complete_results"], (
+            [snap.claim_slot], [snap.claim_id], [snap.job_id], [snap.run_lease], [snap.ready_slot],
+            [snap.lane_id], [snap.lane_seq], [snap.attempt], [snap.queue], [snap.kind], [False],
+            [sh.raw(value)])).fetchall()
+    assert call({"first": True}) == []
+    assert call({"second": True}) == [(snap.job_id, snap.run_lease)]
+    got = sh.load(storage, conn, job)
+    assert got["state"] == "completed" and got["result"] == {"first": True}, got
+    assert sh.counts(storage, conn, "rq") == {"completed": 1}
+
+
 def test_result_completion_of_a_lease_backed_attempt(schema, storage, conn):
     job = sh.enqueue(schema, conn, "rq", {})
     [snap] = sh.claim(storage, conn, "rq")
