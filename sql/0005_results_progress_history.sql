@@ -26,7 +26,7 @@
 -- Compatibility: additive only. Every new column is nullable or has a
 -- constant default (ALTER TABLE ... ADD COLUMN: no table rewrite). Functions
 -- whose output or signature changes get new names (claim_batch_v3,
--- job_load_v2, ready_append_v2, attempt_defer_v2, ring_prune_v2); the ones
+-- job_load_v2, attempt_defer_v2, ring_prune_v2); the ones
 -- replaced in place (attempt_close, callback_resolve, deferred_promote,
 -- receipt_rescue_stale, lease_rescue_expired) keep their signature and
 -- output and only also carry progress. The previous release's runtime may
@@ -47,24 +47,6 @@ ALTER TABLE __SCHEMA__.ring_slots ADD COLUMN quiet_generation bigint, ADD COLUMN
 ---------------------------------------------------------------------------
 -- Progress carry
 ---------------------------------------------------------------------------
-
--- ready_append with the progress to carry into the new ready row.
-CREATE FUNCTION __SCHEMA__.ready_append_v2(p_queue text, p_priority int, p_job_id bigint, p_kind text,
-    p_args jsonb, p_metadata jsonb, p_attempt int, p_max_attempts int, p_lease_base int,
-    p_created_at timestamptz, p_errors jsonb, p_callback_result jsonb, p_progress jsonb) RETURNS bigint
-LANGUAGE plpgsql
-SET plan_cache_mode = force_generic_plan
-AS $$
-DECLARE
-    r record;
-BEGIN
-    SELECT * INTO r FROM __SCHEMA__.lane_reserve(p_queue, p_priority, 1, pg_backend_pid());
-    INSERT INTO __SCHEMA__.ready_entries (ready_slot, lane_id, lane_seq, job_id, kind, args, metadata,
-        attempt, max_attempts, lease_base, created_at, errors, callback_result, progress)
-    VALUES (r.ready_slot, r.lane_id, r.first_seq, p_job_id, p_kind, p_args, p_metadata,
-        p_attempt, p_max_attempts, p_lease_base, p_created_at, p_errors, p_callback_result, p_progress);
-    RETURN r.first_seq;
-END $$;
 
 -- attempt_defer with the attempt's last flushed progress (p_progress, from
 -- its attempt_state row; NULL: the progress it was claimed with, carried on
@@ -179,6 +161,7 @@ DECLARE
     v_lease __SCHEMA__.leases%ROWTYPE;
     v_progress jsonb;
     b record;
+    v_rng record;
 BEGIN
     DELETE FROM __SCHEMA__.leases l WHERE l.callback_token = p_token RETURNING * INTO v_lease;
     IF NOT FOUND THEN
@@ -199,7 +182,11 @@ BEGIN
         SELECT r.*, l.priority INTO STRICT b
         FROM __SCHEMA__.ready_entries r JOIN __SCHEMA__.queue_lanes l ON l.lane_id = r.lane_id
         WHERE r.ready_slot = v_lease.ready_slot AND r.lane_id = v_lease.lane_id AND r.lane_seq = v_lease.lane_seq;
-        PERFORM __SCHEMA__.ready_append_v2(v_lease.queue, b.priority, v_lease.job_id, b.kind, b.args, b.metadata,
+        -- ready_append, plus the progress column
+        SELECT * INTO v_rng FROM __SCHEMA__.lane_reserve(v_lease.queue, b.priority, 1, pg_backend_pid());
+        INSERT INTO __SCHEMA__.ready_entries (ready_slot, lane_id, lane_seq, job_id, kind, args, metadata,
+            attempt, max_attempts, lease_base, created_at, errors, callback_result, progress)
+        VALUES (v_rng.ready_slot, v_rng.lane_id, v_rng.first_seq, v_lease.job_id, b.kind, b.args, b.metadata,
             v_lease.attempt - 1, b.max_attempts, v_lease.run_lease, b.created_at, b.errors,
             COALESCE(p_payload, 'null'::jsonb), COALESCE(v_progress, b.progress));
     ELSE
@@ -215,6 +202,7 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     d record;
+    v_rng record;
     n int := 0;
 BEGIN
     FOR d IN
@@ -223,7 +211,11 @@ BEGIN
                            ORDER BY y.run_at LIMIT p_limit FOR UPDATE SKIP LOCKED)
         RETURNING *
     LOOP
-        PERFORM __SCHEMA__.ready_append_v2(d.queue, d.priority, d.job_id, d.kind, d.args, d.metadata, d.attempt,
+        -- ready_append, plus the progress column
+        SELECT * INTO v_rng FROM __SCHEMA__.lane_reserve(d.queue, d.priority, 1, pg_backend_pid());
+        INSERT INTO __SCHEMA__.ready_entries (ready_slot, lane_id, lane_seq, job_id, kind, args, metadata,
+            attempt, max_attempts, lease_base, created_at, errors, callback_result, progress)
+        VALUES (v_rng.ready_slot, v_rng.lane_id, v_rng.first_seq, d.job_id, d.kind, d.args, d.metadata, d.attempt,
             d.max_attempts, d.lease_base, d.created_at, d.errors, d.callback_result, d.progress);
         n := n + 1;
     END LOOP;
@@ -238,6 +230,8 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     r record;
+    v_body record;
+    v_rng record;
     n int := 0;
     v_attempt int;
     v_max int;
@@ -281,12 +275,17 @@ BEGIN
                     PERFORM __SCHEMA__.attempt_terminal(2, r.ready_slot, r.lane_id, r.lane_seq, r.job_id,
                         r.run_lease, v_attempt, v_reason || ' (attempts exhausted)');
                 ELSE
-                    PERFORM __SCHEMA__.ready_append_v2(ql.queue, ql.priority, r.job_id, e.kind, e.args, e.metadata,
-                        v_attempt, e.max_attempts, r.run_lease, e.created_at,
-                        __SCHEMA__.errors_append(e.errors, v_attempt, v_reason), e.callback_result,
-                        COALESCE(v_progress, e.progress))
-                    FROM __SCHEMA__.ready_entries e JOIN __SCHEMA__.queue_lanes ql ON ql.lane_id = e.lane_id
+                    -- ready_append, plus the progress column
+                    SELECT e.*, ql.queue, ql.priority INTO STRICT v_body FROM __SCHEMA__.ready_entries e
+                    JOIN __SCHEMA__.queue_lanes ql ON ql.lane_id = e.lane_id
                     WHERE e.ready_slot = r.ready_slot AND e.lane_id = r.lane_id AND e.lane_seq = r.lane_seq;
+                    SELECT * INTO v_rng FROM __SCHEMA__.lane_reserve(v_body.queue, v_body.priority, 1, pg_backend_pid());
+                    INSERT INTO __SCHEMA__.ready_entries (ready_slot, lane_id, lane_seq, job_id, kind, args, metadata,
+                        attempt, max_attempts, lease_base, created_at, errors, callback_result, progress)
+                    VALUES (v_rng.ready_slot, v_rng.lane_id, v_rng.first_seq, r.job_id, v_body.kind, v_body.args,
+                        v_body.metadata, v_attempt, v_body.max_attempts, r.run_lease, v_body.created_at,
+                        __SCHEMA__.errors_append(v_body.errors, v_attempt, v_reason), v_body.callback_result,
+                        COALESCE(v_progress, v_body.progress));
                 END IF;
                 n := n + 1;
             END IF;
@@ -676,19 +675,19 @@ END $$;
 
 ---------------------------------------------------------------------------
 -- Prune, version 2: ring_prune plus history retention for the ready ring.
--- p_retain > 0 (ready ring only): a sealed slot whose gates pass is first
+-- p_retain_s > 0 seconds (ready ring only): a sealed slot whose gates pass is first
 -- marked quiet (ring_slots.quiet_generation/quiet_at, one UPDATE of a
 -- control row per slot per ring cycle) and answered 'retained'; it is
--- truncated only once it has been quiet for p_retain. A slot seen quiet
+-- truncated only once it has been quiet for p_retain_s. A slot seen quiet
 -- recently answers 'retained' from its slot row alone, without the gate
 -- queries. Every terminal record in a slot was written while the slot was
 -- not yet quiet (closing the slot's last attempt is what makes it quiet),
--- so each stays visible for at least p_retain. A gate that fails again
+-- so each stays visible for at least p_retain_s. A gate that fails again
 -- (a producer's transaction that reserved rows in the slot before it was
--- sealed committed late) clears the mark. p_retain 0: exactly ring_prune.
+-- sealed committed late) clears the mark. p_retain_s 0: exactly ring_prune.
 ---------------------------------------------------------------------------
 CREATE FUNCTION __SCHEMA__.ring_prune_v2(p_ring text, p_slot int, p_lock_timeout text DEFAULT '50ms',
-    p_retain interval DEFAULT interval '0') RETURNS text
+    p_retain_s float8 DEFAULT 0) RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
 AS $$
@@ -697,6 +696,8 @@ DECLARE
     v_tables text[];
     v_list text;
     v_gate text;
+    -- a duration (seconds), only ever subtracted from now(): no client clock
+    p_retain interval := make_interval(secs => greatest(COALESCE(p_retain_s, 0), 0));
     v_retain boolean := p_ring = 'ready' AND p_retain > interval '0';
     v_gen bigint;
     v_quiet_gen bigint;

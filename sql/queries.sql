@@ -212,7 +212,7 @@ SELECT job_id, run_lease FROM __SCHEMA__.receipt_complete_results(%s::int[], %s:
 
 -- name: ring_prune_retained
 -- Prune a sealed slot like ring_prune, but keep a ready slot until it has been quiet for the retention.
-SELECT __SCHEMA__.ring_prune_v2(%s::text, %s::int, %s::text, make_interval(secs => %s::float8))
+SELECT __SCHEMA__.ring_prune_v2(%s::text, %s::int, %s::text, %s::float8)
 
 -- name: ready_retention
 -- History retention of the shared ready ring: the longest of the queues' (1 hour when no queue is known).

@@ -231,6 +231,21 @@ def test_progress_survives_rescue(schema, storage, conn):
     assert a2.job_id == job and a2.run_lease == 2 and sh.jloads(a2.progress) == {"rows": 1000}
 
 
+def test_progress_survives_callback_resume_and_retry(schema, storage, conn):
+    job = sh.enqueue(schema, conn, "pc", {})
+    [a1] = sh.claim(storage, conn, "pc")
+    token = storage.attempt_register_callback(conn, a1, 60.0)
+    storage.attempt_heartbeat(conn, [a1], [sh.raw({"phase": "waiting"})])
+    assert sh.load(storage, conn, job)["progress"] == {"phase": "waiting"}  # waiting_external
+    assert storage.callback_resolve(conn, token, "resume", sh.raw({"answer": 1})) == "ok"
+    [a2] = sh.claim(storage, conn, "pc")
+    assert sh.jloads(a2.progress) == {"phase": "waiting"} and sh.jloads(a2.callback_result) == {"answer": 1}
+    token = storage.attempt_register_callback(conn, a2, 60.0)
+    assert storage.callback_resolve(conn, token, "retry", None, "later") == "ok"
+    got = sh.load(storage, conn, job)
+    assert got["state"] == "retryable" and got["progress"] == {"phase": "waiting"}, got
+
+
 def test_a_job_that_never_sets_progress_carries_none(schema, storage, conn):
     job = sh.enqueue(schema, conn, "pn", {})
     [a1] = sh.claim(storage, conn, "pn")
