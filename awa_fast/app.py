@@ -534,9 +534,9 @@ class App(Client):
         """The completed job's stored result.
 
         Raises :class:`JobNotCompleted` (with its state) for a job that has
-        not completed and :class:`UnknownJob` for an unknown one. The schema
-        does not store handler results yet, so a completed job's result is
-        None for now.
+        not completed and :class:`UnknownJob` for an unknown one (or one whose
+        history passed its queue's ``history_retention``). A handler that
+        returned None leaves None.
         """
         jid = _job_id(job_id)
         return self._result_of(jid, self.get_job(jid, conn=conn))
@@ -547,8 +547,6 @@ class App(Client):
         return self._result_of(jid, await self.get_job_async(jid, conn=conn))
 
     # -- queues -------------------------------------------------------------------------
-
-    _history_warned = False
 
     def _settings_args(self, name: str, deadline: Any, heartbeat_timeout: Any, dlq: Any, dlq_retention: Any,
                        aging_interval: Any, enqueue_shards: Any, history_retention: Any) -> dict[str, Any]:
@@ -562,12 +560,7 @@ class App(Client):
             "enqueue_shards": None if enqueue_shards is None else int_in("enqueue_shards", enqueue_shards, 1, 64),
         }
         if history_retention is not None:
-            seconds("history_retention", history_retention, low=1.0)
-            if not App._history_warned:
-                App._history_warned = True
-                log.warning("history_retention=%s for queue %s is valid but not applied yet: this schema "
-                            "keeps terminal job history until its ready ring slot is pruned",
-                            history_retention, name, extra={"action": "history_retention_unsupported"})
+            kw["history_retention"] = seconds("history_retention", history_retention, low=1.0)
         return kw
 
     def configure_queue(self, name: str, *, deadline: float | None = KEEP, heartbeat_timeout: float | None = None,
@@ -579,8 +572,10 @@ class App(Client):
 
         Durations are seconds. An argument left out keeps its value;
         ``deadline=None`` (or 0) removes the per-attempt deadline.
-        ``history_retention`` is validated but not stored yet (the schema
-        has no place for it; ``QueueSettings.history_retention`` says None).
+        ``history_retention`` (seconds) is how long the queue's terminal jobs
+        stay visible to :meth:`get_job` at least; the ready ring rotates so
+        that the longest retention of any queue holds (see docs/storage.md
+        for the disk cost).
         """
         kw = self._settings_args(name, deadline, heartbeat_timeout, dlq, dlq_retention, aging_interval,
                                  enqueue_shards, history_retention)

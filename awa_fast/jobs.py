@@ -52,6 +52,8 @@ class ClaimSnapshot(msgspec.Struct, frozen=True, gc=False):
     created_at: _dt.datetime
     errors: bytes | None = None
     callback_result: bytes | None = None
+    # the last flushed progress of an earlier attempt (retry, snooze, rescue), raw JSON; None if never set
+    progress: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +190,15 @@ class Job(Generic[T]):
         """Errors of earlier attempts, oldest first (at most 10)."""
         e = self.snapshot.errors
         return [] if e is None else msgspec.json.decode(e)
+
+    @property
+    def progress(self) -> Any:
+        """The current progress: what this attempt set last, else the last value an earlier
+        attempt of the job flushed (it survives retry, snooze and rescue); None if never set."""
+        if self._progress is not None:
+            return self._progress
+        p = self.snapshot.progress
+        return None if p is None else msgspec.json.decode(p)
 
     def set_progress(self, progress: Any) -> None:
         """Record progress (JSON-able); flushed with the next heartbeat batch."""

@@ -33,10 +33,11 @@ class JobInfo:
     started (the running one included); ``run_lease`` increments on every
     claim. ``errors`` lists earlier attempts' errors (oldest first, at most
     10, each ``{"attempt", "error"}``), ``error`` is the final or
-    last error. ``progress`` is the last value a running attempt flushed
-    with ``job.set_progress`` (None otherwise, for now). ``result`` is the
-    handler's returned value once the schema stores results (None until
-    then). Times are the database's.
+    last error. ``progress`` is the last value flushed with
+    ``job.set_progress`` (by the running attempt, or carried from an earlier
+    one while the job waits for its next attempt; dropped once terminal).
+    ``result`` is what the handler returned, for a completed job (None when
+    it returned None). Times are the database's.
     """
 
     job_id: int
@@ -116,7 +117,7 @@ class QueueSettings:
                    enqueue_shards=int(row["enqueue_shards"]), dlq=bool(row["dlq_enabled"]),
                    deadline=row["deadline_s"], heartbeat_timeout=float(row["heartbeat_timeout_s"]),
                    aging_interval=float(row["aging_interval_s"]), dlq_retention=float(row["dlq_retention_s"]),
-                   history_retention=None, created_at=row.get("created_at"))
+                   history_retention=row.get("history_retention_s"), created_at=row.get("created_at"))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able fields."""

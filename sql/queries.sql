@@ -20,11 +20,12 @@ SELECT __SCHEMA__.job_enqueue_many(%s::text, %s::int, %s::text, %s::jsonb[], %s:
 SELECT lane_id, first_seq, ready_slot FROM __SCHEMA__.lane_reserve(%s::text, %s::int, %s::int, pg_backend_pid())
 
 -- name: lane_claim
--- Claim up to N jobs of a queue for a stripe; returns claim snapshots in ClaimSnapshot field order,
+-- Claim up to N jobs of a queue for a stripe; returns claim snapshots in ClaimSnapshot field order
+-- (progress last: carried from an earlier attempt, see claim_batch_v3),
 -- then possibly the backlog marker (a row with job_id NULL; see claim_batch_v2).
 SELECT job_id, run_lease, attempt, max_attempts, queue, kind, priority, args, metadata, ready_slot,
-       lane_id, lane_seq, claim_slot, claim_id, created_at, errors, callback_result
-FROM __SCHEMA__.claim_batch_v2(%s::text, %s::int, %s::int, %s::int)
+       lane_id, lane_seq, claim_slot, claim_id, created_at, errors, callback_result, progress
+FROM __SCHEMA__.claim_batch_v3(%s::text, %s::int, %s::int, %s::int)
 
 -- name: receipt_guard
 -- Lock the receipts of a completion batch; returns what in them is no longer open (job_id NULL: all of it).
@@ -72,8 +73,8 @@ SELECT __SCHEMA__.callback_resolve(%s::uuid, %s::text, %s::jsonb, %s::text)
 SELECT __SCHEMA__.job_cancel(%s::bigint)
 
 -- name: job_load
--- Find a job wherever it lives (JSON object or NULL).
-SELECT __SCHEMA__.job_load(%s::bigint)
+-- Find a job wherever it lives (JSON object or NULL), with its progress and result.
+SELECT __SCHEMA__.job_load_v2(%s::bigint)
 
 -- name: deferred_promote
 -- Promote due deferred jobs into ready (index deferred_jobs_due).
@@ -158,13 +159,15 @@ UPDATE __SCHEMA__.queue_meta SET
     deadline = CASE WHEN %(deadline_set)s THEN make_interval(secs => %(deadline)s) ELSE deadline END,
     heartbeat_timeout = COALESCE(make_interval(secs => %(heartbeat_timeout)s), heartbeat_timeout),
     aging_interval = COALESCE(make_interval(secs => %(aging_interval)s), aging_interval),
-    dlq_retention = COALESCE(make_interval(secs => %(dlq_retention)s), dlq_retention)
+    dlq_retention = COALESCE(make_interval(secs => %(dlq_retention)s), dlq_retention),
+    history_retention = COALESCE(make_interval(secs => %(history_retention)s), history_retention)
 WHERE queue = %(queue)s
 
 -- name: queue_list
 -- Queue settings.
 SELECT queue, paused, stripes, enqueue_shards, dlq_enabled,
-       extract(epoch FROM deadline)::float8, extract(epoch FROM heartbeat_timeout)::float8
+       extract(epoch FROM deadline)::float8, extract(epoch FROM heartbeat_timeout)::float8,
+       extract(epoch FROM history_retention)::float8
 FROM __SCHEMA__.queue_meta ORDER BY queue
 
 -- name: dead_tuples
@@ -208,11 +211,11 @@ SELECT __SCHEMA__.ring_slot_empty(%s::text, %s::int)
 -- ---------------------------------------------------------------------------
 
 -- name: job_load_many
--- Jobs by id wherever they live (job_load each), in the order given, with the flushed progress of an
--- open attempt (attempt_state primary key (job_id, run_lease)).
-SELECT u.job_id, j.v, s.progress
+-- Jobs by id wherever they live (job_load_v2 each: with the stored result and the carried progress), in
+-- the order given, with the flushed progress of an open attempt (attempt_state primary key (job_id, run_lease)).
+SELECT u.job_id, j.v, COALESCE(s.progress, j.v->'progress')
 FROM unnest(%s::bigint[]) WITH ORDINALITY AS u(job_id, n)
-CROSS JOIN LATERAL (SELECT __SCHEMA__.job_load(u.job_id) AS v) j
+CROSS JOIN LATERAL (SELECT __SCHEMA__.job_load_v2(u.job_id) AS v) j
 LEFT JOIN __SCHEMA__.attempt_state s
     ON s.job_id = u.job_id AND s.run_lease = (j.v->>'run_lease')::int
    AND j.v->>'state' IN ('running', 'waiting_external')
@@ -288,7 +291,21 @@ RETURNING job_id
 -- Every setting of one queue (or of all), durations in seconds (queue_meta primary key).
 SELECT queue, paused, stripes, enqueue_shards, dlq_enabled,
        extract(epoch FROM deadline)::float8, extract(epoch FROM heartbeat_timeout)::float8,
-       extract(epoch FROM aging_interval)::float8, extract(epoch FROM dlq_retention)::float8, created_at
+       extract(epoch FROM aging_interval)::float8, extract(epoch FROM dlq_retention)::float8, created_at,
+       extract(epoch FROM history_retention)::float8
 FROM __SCHEMA__.queue_meta
 WHERE %(queue)s::text IS NULL OR queue = %(queue)s
 ORDER BY queue
+
+-- name: receipt_complete_results
+-- Complete attempts whose handler returned a value, storing it as done_entries.result; returns the stale ones.
+SELECT job_id, run_lease FROM __SCHEMA__.receipt_complete_results(%s::int[], %s::bigint[], %s::bigint[], %s::int[],
+    %s::int[], %s::int[], %s::bigint[], %s::int[], %s::text[], %s::text[], %s::boolean[], %s::jsonb[])
+
+-- name: ring_prune_retained
+-- Prune a sealed slot like ring_prune, but keep a ready slot until it has been quiet for the retention.
+SELECT __SCHEMA__.ring_prune_v2(%s::text, %s::int, %s::text, %s::float8)
+
+-- name: ready_retention
+-- History retention of the shared ready ring: the longest of the queues' (1 hour when no queue is known).
+SELECT extract(epoch FROM COALESCE(max(history_retention), interval '1 hour'))::float8 FROM __SCHEMA__.queue_meta

@@ -417,8 +417,11 @@ class Claimer:
                 except Exception as exc:  # noqa: BLE001 - registration failed: retry the job
                     return (CLOSE_RETRY, None, error_text(exc))
             return _PARKED
-        return (CLOSE_RETRY, None, error_text(f"handler returned an unsupported value of type "
-                                              f"{type(result).__name__}; return None or an outcome"))
+        # Any other value is the job's result: it completes the attempt and is
+        # stored (checked like enqueue args); one that cannot be stored retries.
+        from awa_fast.runtime.batcher import result_outcome
+
+        return result_outcome(result)
 
     def _finish(self, done: list[tuple[Job, Outcome | object]]) -> None:
         """Hand finished attempts to the batcher and free their local capacity."""

@@ -17,8 +17,10 @@ caller's own transaction. Names follow the named queries in
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import os
+import struct
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -101,13 +103,14 @@ CLOSE_SNOOZE = 5
 
 _READY_COPY = "COPY __SCHEMA__.ready_entries_{slot} (ready_slot, lane_id, lane_seq, job_id, kind, args, metadata, attempt, max_attempts, lease_base) FROM STDIN (FORMAT binary)"
 _DONE_COPY = "COPY __SCHEMA__.done_entries (ready_slot, job_id, lane_id, lane_seq, run_lease, attempt, state, queue, kind) FROM STDIN (FORMAT binary)"
+_DONE_RESULT_COPY = "COPY __SCHEMA__.done_entries (ready_slot, job_id, lane_id, lane_seq, run_lease, attempt, state, queue, kind, result) FROM STDIN (FORMAT binary)"
 _CLOSURE_COPY = "COPY __SCHEMA__.lease_claim_closures (claim_slot, claim_id, job_id, run_lease, outcome) FROM STDIN (FORMAT binary)"
 
 
 class Storage:
     """All SQL of one awa-fast schema. Stateless apart from its rendered queries."""
 
-    __slots__ = ("schema", "q", "channel", "_done_copy", "_closure_copy")
+    __slots__ = ("schema", "q", "channel", "_done_copy", "_closure_copy", "_done_result_copy")
 
     def __init__(self, schema: str = "awa_fast") -> None:
         self.schema = validate_schema(schema)
@@ -115,6 +118,7 @@ class Storage:
         self.channel = f"awa_fast_{schema}"
         self._done_copy = render(_DONE_COPY, schema)
         self._closure_copy = render(_CLOSURE_COPY, schema)
+        self._done_result_copy = render(_DONE_RESULT_COPY, schema)
 
     def __repr__(self) -> str:
         return f"Storage(schema={self.schema!r})"
@@ -312,6 +316,84 @@ class Storage:
             [(s.job_id, s.run_lease) in ws for s in snapshots])).fetchall()
         return sorted((int(j), int(l)) for j, l in rows)
 
+    # -- results, progress, history retention (migration 0005) ------------------
+
+    def receipt_complete_results(self, conn: psycopg.Connection,
+                                 items: Sequence[tuple[ClaimSnapshot, bool, RawJson]],
+                                 with_state: set[tuple[int, int]] | None = None) -> list[tuple[int, int]]:
+        """Complete attempts whose handler returned a value: ``(snapshot, lease_backed, result JSON)`` each.
+
+        Receipt-backed attempts take the completion path of
+        :meth:`receipt_complete` (receipt locks and guard, then binary COPY)
+        into ``done_entries`` with its ``result`` column, and a closure row
+        per attempt; lease-backed ones (rare: parked for a callback, then
+        returned a value) go through ``receipt_complete_results``.
+        ``with_state``: the attempts that may have an ``attempt_state`` row
+        (None: any of them). Runs in the current transaction, or in its own
+        when the connection is idle. Returns the stale attempts (nothing
+        written for them).
+        """
+        if not items:
+            return []
+        own = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        with conn.transaction() if own else contextlib.nullcontext():
+            stale: list[tuple[int, int]] = []
+            leased = [it for it in items if it[1]]
+            if leased:
+                snaps = [it[0] for it in leased]
+                stale += [(int(j), int(l)) for j, l in conn.execute(self.q["receipt_complete_results"], (
+                    [s.claim_slot for s in snaps], [s.claim_id for s in snaps],
+                    [s.job_id for s in snaps], [s.run_lease for s in snaps],
+                    [s.ready_slot for s in snaps], [s.lane_id for s in snaps],
+                    [s.lane_seq for s in snaps], [s.attempt for s in snaps],
+                    [s.queue for s in snaps], [s.kind for s in snaps],
+                    [True] * len(snaps), [it[2] for it in leased])).fetchall()]
+            plain = [it for it in items if not it[1]]
+            if plain:
+                stale += self._results_copy(conn, plain, with_state)
+        return sorted(stale)
+
+    def _results_copy(self, conn: psycopg.Connection, items: Sequence[tuple[ClaimSnapshot, bool, RawJson]],
+                      with_state: set[tuple[int, int]] | None) -> list[tuple[int, int]]:
+        receipts = {(it[0].claim_slot, it[0].claim_id) for it in items}
+        closed = conn.execute(self.q["receipt_guard"], (
+            [r[0] for r in receipts], [r[1] for r in receipts])).fetchall()
+        live = items
+        stale: set[tuple[int, int]] = set()
+        if closed:
+            gone = {int(cid) for cid, j, _ in closed if j is None}
+            closed_attempts = {(int(j), int(l)) for _, j, l in closed if j is not None}
+            stale = {(s.job_id, s.run_lease) for s, _, _ in items
+                     if s.claim_id in gone or (s.job_id, s.run_lease) in closed_attempts}
+            live = [it for it in items if (it[0].job_id, it[0].run_lease) not in stale]
+        if live:
+            snaps = [it[0] for it in live]
+            cur = conn.cursor()
+            with cur.copy(self._done_result_copy) as cp:
+                cp.write(encode_done_result_rows(live))
+            with cur.copy(self._closure_copy) as cp:
+                cp.write(_impl.encode_closure_rows(snaps, 1))
+            keep = snaps if with_state is None else [s for s in snaps if (s.job_id, s.run_lease) in with_state]
+            if keep:
+                conn.execute(self.q["attempt_state_delete"], ([s.job_id for s in keep], [s.run_lease for s in keep]))
+        return sorted(stale)
+
+    def ring_prune_retained(self, conn: psycopg.Connection, ring: str, slot: int, retain_s: float,
+                            lock_timeout_ms: int = 50) -> str:
+        """:meth:`ring_prune` that keeps a quiet ready slot for ``retain_s`` seconds first.
+
+        Answers ``retained`` while it keeps the slot; ``retain_s`` 0 is ring_prune.
+        """
+        row = conn.execute(self.q["ring_prune_retained"],
+                           (ring, slot, f"{int(lock_timeout_ms)}ms", max(0.0, float(retain_s)))).fetchone()
+        assert row is not None
+        return str(row[0])
+
+    def ready_retention(self, conn: psycopg.Connection) -> float:
+        """History retention of the shared ready ring, seconds: the longest over the queues (1 h default)."""
+        row = conn.execute(self.q["ready_retention"]).fetchone()
+        return float(row[0]) if row and row[0] is not None else 3600.0
+
     def attempt_close(self, conn: psycopg.Connection, items: Sequence[tuple[ClaimSnapshot, int, float | None,
                       str | None]]) -> list[AttemptResult]:
         """Close attempts with explicit outcomes: ``(snapshot, outcome, delay_s, error)`` each.
@@ -452,18 +534,25 @@ class Storage:
     def queue_configure(self, conn: psycopg.Connection, queue: str, *, stripes: int | None = None,
                         enqueue_shards: int | None = None, dlq_enabled: bool | None = None,
                         deadline: float | None | bool = False, heartbeat_timeout: float | None = None,
-                        aging_interval: float | None = None, dlq_retention: float | None = None) -> None:
-        """Change queue settings; ``deadline=None`` removes the deadline, ``False`` keeps it."""
+                        aging_interval: float | None = None, dlq_retention: float | None = None,
+                        history_retention: float | None = None) -> None:
+        """Change queue settings; ``deadline=None`` removes the deadline, ``False`` keeps it.
+
+        ``history_retention`` (seconds, >= 0): how long this queue's terminal
+        jobs stay visible at least (the ready ring is shared: it keeps
+        history for the longest retention of any queue).
+        """
         self.queue_ensure(conn, queue)
         conn.execute(self.q["queue_configure"], {
             "queue": queue, "stripes": stripes, "enqueue_shards": enqueue_shards, "dlq_enabled": dlq_enabled,
             "deadline_set": deadline is not False, "deadline": None if deadline is False else deadline,
             "heartbeat_timeout": heartbeat_timeout, "aging_interval": aging_interval,
-            "dlq_retention": dlq_retention})
+            "dlq_retention": dlq_retention, "history_retention": history_retention})
 
     def queue_list(self, conn: psycopg.Connection) -> list[dict[str, Any]]:
         """Settings of every known queue."""
-        keys = ("queue", "paused", "stripes", "enqueue_shards", "dlq_enabled", "deadline_s", "heartbeat_timeout_s")
+        keys = ("queue", "paused", "stripes", "enqueue_shards", "dlq_enabled", "deadline_s", "heartbeat_timeout_s",
+                "history_retention_s")
         return [dict(zip(keys, r)) for r in conn.execute(self.q["queue_list"]).fetchall()]
 
     def dlq_list(self, conn: psycopg.Connection, queue: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
@@ -612,13 +701,14 @@ class Storage:
                                     stripes: int | None = None, enqueue_shards: int | None = None,
                                     dlq_enabled: bool | None = None, deadline: float | None | bool = False,
                                     heartbeat_timeout: float | None = None, aging_interval: float | None = None,
-                                    dlq_retention: float | None = None) -> None:
+                                    dlq_retention: float | None = None,
+                                    history_retention: float | None = None) -> None:
         """Async twin of :meth:`queue_configure`."""
         await self._run_async(conn, [_Stmt("queue_ensure", (queue,), _nothing), _Stmt("queue_configure", {
             "queue": queue, "stripes": stripes, "enqueue_shards": enqueue_shards, "dlq_enabled": dlq_enabled,
             "deadline_set": deadline is not False, "deadline": None if deadline is False else deadline,
             "heartbeat_timeout": heartbeat_timeout, "aging_interval": aging_interval,
-            "dlq_retention": dlq_retention}, _nothing)])
+            "dlq_retention": dlq_retention, "history_retention": history_retention}, _nothing)])
 
     async def queue_pause_async(self, conn: psycopg.AsyncConnection, queue: str, paused: bool = True) -> bool:
         """Async twin of :meth:`queue_pause`."""
@@ -733,7 +823,7 @@ def _job_retry(job_id: int) -> _Stmt:
 
 
 _QUEUE_SETTING_KEYS = ("queue", "paused", "stripes", "enqueue_shards", "dlq_enabled", "deadline_s",
-                       "heartbeat_timeout_s", "aging_interval_s", "dlq_retention_s", "created_at")
+                       "heartbeat_timeout_s", "aging_interval_s", "dlq_retention_s", "created_at", "history_retention_s")
 
 
 def _queue_settings(queue: str | None) -> _Stmt:
@@ -773,6 +863,40 @@ def _counts(rows: list[tuple[Any, ...]], _n: int) -> dict[str, dict[str, int]]:
     for queue, state, count in rows:
         out.setdefault(queue, {})[state] = int(count)
     return out
+
+_COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + b"\x00\x00\x00\x00" + b"\x00\x00\x00\x00"
+_COPY_TRAILER = b"\xff\xff"
+# 10 fields: ready_slot int2, job_id int8, lane_id int4, lane_seq int8, run_lease int4, attempt int2, state int2
+_DONE_RESULT_HEAD = struct.Struct(">hihiqiiiqiiihih")
+
+
+def encode_done_result_rows(items: Sequence[tuple[ClaimSnapshot, bool, bytes]]) -> bytes:
+    """Binary COPY stream for ``done_entries (ready_slot, job_id, lane_id, lane_seq, run_lease,
+    attempt, state, queue, kind, result)``: completed rows with the handler's result (raw JSON).
+
+    Plain Python: only result-carrying completions use it; the common ones
+    go through the accelerated ``encode_done_rows``.
+    """
+    parts = [_COPY_HEADER]
+    append = parts.append
+    pack = _DONE_RESULT_HEAD.pack
+    texts: dict[str, bytes] = {}
+    for s, _, result in items:
+        append(pack(10, 2, s.ready_slot, 8, s.job_id, 4, s.lane_id, 8, s.lane_seq, 4, s.run_lease, 2, s.attempt,
+                    2, 1))
+        for text in (s.queue, s.kind):
+            field = texts.get(text)
+            if field is None:
+                raw = text.encode("utf-8")
+                field = texts[text] = len(raw).to_bytes(4, "big") + raw
+            append(field)
+        if result is None:
+            append(b"\xff\xff\xff\xff")  # NULL
+        else:
+            data = bytes(result)
+            append((len(data) + 1).to_bytes(4, "big") + b"\x01" + data)  # jsonb binary: version 1, then the text
+    append(_COPY_TRAILER)
+    return b"".join(parts)
 
 
 def close_quietly(conn: psycopg.Connection | None) -> None:

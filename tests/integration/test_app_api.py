@@ -316,7 +316,7 @@ def test_configure_queue_settings_pause_resume_counts(app, conn, pg_dsn):
     s = app.queue_settings(Q)
     assert isinstance(s, QueueSettings)
     assert (s.queue, s.paused, s.deadline, s.heartbeat_timeout, s.dlq, s.history_retention) == \
-        (Q, True, 300.0, 45.0, False, None)
+        (Q, True, 300.0, 45.0, False, 3600.0)                                # retention: the default hour
     assert app.configure_queue(Q, heartbeat_timeout=50).deadline == 300.0   # left out: kept
     assert app.configure_queue(Q, deadline=None).deadline is None           # None: removed
     assert app.resume(Q) is True and app.queue_settings(Q).paused is False
@@ -328,7 +328,7 @@ def test_configure_queue_settings_pause_resume_counts(app, conn, pg_dsn):
                 {"aging_interval": "60"}, {"enqueue_shards": 65}, {"history_retention": 0}):
         with pytest.raises(ConfigError):
             app.configure_queue(Q, **bad)
-    assert app.configure_queue(Q, history_retention=3600).history_retention is None  # not stored yet
+    assert app.configure_queue(Q, history_retention=7200).history_retention == 7200.0
 
     counts = app.counts()
     assert counts[Q]["available"] == 1 and counts[Q]["dlq"] == 0 and set(counts) == {Q}
