@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import psycopg
 
 from awa_fast.errors import ConfigError, SchemaTooNew
+from awa_fast.storage.compat import record as record_compat
 from awa_fast.storage.schema import latest_version, migrations, render, validate_schema
 
 log = logging.getLogger("awa_fast.migrate")
@@ -93,6 +94,7 @@ def migrate(dsn_or_conn: str | psycopg.Connection, schema: str = "awa_fast",
                                  (rings.ready, rings.claim, rings.lease))
                 log.info("applied migration %04d_%s to %s", mig.version, mig.name, schema,
                          extra={"action": "migrate"})
+            record_compat(conn, schema, migrations(), latest)  # rolling upgrades (awa_fast.storage.compat)
         return MigrateResult(schema, found, latest)
     finally:
         if own:
