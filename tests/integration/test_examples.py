@@ -1,0 +1,89 @@
+"""The recipes under examples/, each run for real: servers on loopback, scripts and commands as processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import httpx
+import psycopg
+
+from awa_fast.app import App
+from awa_fast.testing import assert_enqueued, assert_not_enqueued
+from tests.integration.runtime_helpers import REPO_ROOT, counts, wait_for
+
+EXAMPLES = REPO_ROOT / "examples"
+
+
+def _env(pg_dsn: str, schema: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("AWA_FAST_DSN", "DATABASE_URL", "AWA_FAST_SCHEMA", "AWA_FAST_HOME", "PYTHONPATH")}
+    env.update(DATABASE_URL=pg_dsn, AWA_FAST_SCHEMA=schema, **extra)
+    return env
+
+
+@contextmanager
+def asgi_server(app_ref: str, app_dir: pathlib.Path, env: dict[str, str],
+                log: pathlib.Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """uvicorn serving ``app_ref`` on a loopback socket bound here (no port race), until the block ends."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    base = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "uvicorn", app_ref, "--app-dir", str(app_dir),
+                                 "--fd", str(sock.fileno()), "--lifespan", "on", "--log-level", "info"],
+                                pass_fds=[sock.fileno()], env=env, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, cwd=str(app_dir))
+        sock.close()
+        try:
+            def up() -> bool:
+                if proc.poll() is not None:
+                    raise AssertionError(f"uvicorn exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+                return "Application startup complete" in log.read_text(errors="replace")
+            wait_for(up, 60, "uvicorn startup", on_timeout=lambda: log.read_text()[-3000:])
+            yield base, proc
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
+
+
+def test_fastapi_enqueues_in_the_request_transaction_and_its_lifespan_worker_runs_the_job(
+        pg_dsn, schema, storage, conn, tmp_path):
+    log = tmp_path / "uvicorn.log"
+    app = App(pg_dsn, schema)
+    with asgi_server("main:api", EXAMPLES / "fastapi_app", _env(pg_dsn, schema), log) as (base, proc):
+        with httpx.Client(base_url=base, timeout=30) as http:
+            r = http.post("/signup", json={"email": "ada@example.com"})
+            assert r.status_code == 201, r.text
+            signup_id, job_id = r.json()["signup_id"], r.json()["job_id"]
+            wait_for(lambda: http.get(f"/signup/{signup_id}").json()["welcomed"], 30, "the welcome job",
+                     on_timeout=lambda: log.read_text()[-3000:])
+            assert storage.job_load(conn, job_id)["state"] == "completed"
+
+            refused = http.post("/signup", json={"email": "eve@invalid.example"})
+            assert refused.status_code == 422
+            assert_not_enqueued(app, "send_welcome")  # the row and its job rolled back together
+            assert counts(storage, conn, "email") == {"completed": 1}
+        proc.send_signal(signal.SIGTERM)  # uvicorn's shutdown cancels the worker task: it drains
+        # uvicorn re-raises the signal it handled once shut down: -SIGTERM is its clean exit
+        assert proc.wait(60) in (0, -signal.SIGTERM), log.read_text()[-3000:]
+    text = log.read_text()
+    assert "Application shutdown complete" in text and "Traceback" not in text and "ERROR" not in text, text
+    with psycopg.connect(pg_dsn) as c:
+        assert c.execute("SELECT count(*) FROM signups WHERE email = 'eve@invalid.example'").fetchone()[0] == 0
+        # no connection of the worker outlives the server
+        assert c.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'awa_fast:%%' "
+                         "AND application_name NOT LIKE 'awa_fast:test:%%'").fetchone()[0] == 0
+    app.close()
