@@ -32,8 +32,8 @@ def _env(pg_dsn: str, schema: str, **extra: str) -> dict[str, str]:
 
 
 @contextmanager
-def asgi_server(app_ref: str, app_dir: pathlib.Path, env: dict[str, str],
-                log: pathlib.Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+def asgi_server(app_ref: str, app_dir: pathlib.Path, env: dict[str, str], log: pathlib.Path,
+                lifespan: str = "on") -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """uvicorn serving ``app_ref`` on a loopback socket bound here (no port race), until the block ends."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -42,7 +42,7 @@ def asgi_server(app_ref: str, app_dir: pathlib.Path, env: dict[str, str],
     base = f"http://127.0.0.1:{sock.getsockname()[1]}"
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "uvicorn", app_ref, "--app-dir", str(app_dir),
-                                 "--fd", str(sock.fileno()), "--lifespan", "on", "--log-level", "info"],
+                                 "--fd", str(sock.fileno()), "--lifespan", lifespan, "--log-level", "info"],
                                 pass_fds=[sock.fileno()], env=env, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, cwd=str(app_dir))
         sock.close()
@@ -50,7 +50,7 @@ def asgi_server(app_ref: str, app_dir: pathlib.Path, env: dict[str, str],
             def up() -> bool:
                 if proc.poll() is not None:
                     raise AssertionError(f"uvicorn exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-                return "Application startup complete" in log.read_text(errors="replace")
+                return "Uvicorn running on" in log.read_text(errors="replace")  # after lifespan startup
             wait_for(up, 60, "uvicorn startup", on_timeout=lambda: log.read_text()[-3000:])
             yield base, proc
         finally:
@@ -86,4 +86,41 @@ def test_fastapi_enqueues_in_the_request_transaction_and_its_lifespan_worker_run
         # no connection of the worker outlives the server
         assert c.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'awa_fast:%%' "
                          "AND application_name NOT LIKE 'awa_fast:test:%%'").fetchone()[0] == 0
+    app.close()
+
+
+def test_django_view_enqueues_in_transaction_atomic_through_djangos_psycopg_connection(
+        pg_dsn, schema, storage, conn, tmp_path):
+    site = EXAMPLES / "django_app"
+    env = _env(pg_dsn, schema, DJANGO_SETTINGS_MODULE="signup_site.settings")
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE IF NOT EXISTS subscribers (id bigserial PRIMARY KEY, email text NOT NULL, "
+                  "confirmed_at timestamptz)")
+    app = App(pg_dsn, schema)
+    # Django's ASGI handler speaks no lifespan protocol: the jobs run in `awa-fast supervise` below.
+    with asgi_server("signup_site.asgi:application", site, env, tmp_path / "uvicorn.log", lifespan="off") as (base, _):
+        with httpx.Client(base_url=base, timeout=30) as http:
+            ok = http.post("/subscribe", json={"email": "grace@example.com"})
+            assert ok.status_code == 201, ok.text
+            refused = http.post("/subscribe", json={"email": "mallory@invalid.example"})
+            assert refused.status_code == 422, refused.text
+    subscriber_id, job_id = ok.json()["subscriber_id"], ok.json()["job_id"]
+    assert_enqueued(app, "send_confirmation", {"subscriber_id": subscriber_id}, count=1)  # only the committed one
+    with open(tmp_path / "supervise.log", "wb") as out:
+        sup = subprocess.Popen([sys.executable, "-m", "awa_fast.cli", "supervise", "signup_site.jobs:awa",
+                                "--queue", "email", "--dsn", pg_dsn, "--schema", schema,
+                                "--home", str(tmp_path / "home")],
+                               cwd=str(site), env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+            wait_for(lambda: storage.job_load(conn, job_id)["state"] == "completed", 60, "the confirmation job",
+                     on_timeout=lambda: (tmp_path / "supervise.log").read_text()[-3000:])
+            sup.send_signal(signal.SIGTERM)
+            assert sup.wait(60) == 0, (tmp_path / "supervise.log").read_text()[-3000:]
+        finally:
+            if sup.poll() is None:
+                sup.kill()
+                sup.wait(30)
+    with psycopg.connect(pg_dsn) as c:
+        rows = c.execute("SELECT email, confirmed_at IS NOT NULL FROM subscribers ORDER BY id").fetchall()
+    assert ("grace@example.com", True) in rows and not [r for r in rows if r[0] == "mallory@invalid.example"]
     app.close()
