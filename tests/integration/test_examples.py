@@ -124,3 +124,15 @@ def test_django_view_enqueues_in_transaction_atomic_through_djangos_psycopg_conn
         rows = c.execute("SELECT email, confirmed_at IS NOT NULL FROM subscribers ORDER BY id").fetchall()
     assert ("grace@example.com", True) in rows and not [r for r in rows if r[0] == "mallory@invalid.example"]
     app.close()
+
+
+def test_pipeline_bulk_enqueues_by_copy_and_drains_10000_jobs_until_empty(pg_dsn, schema, storage, conn):
+    res = subprocess.run([sys.executable, str(EXAMPLES / "pipeline.py"), "--dsn", pg_dsn, "--schema", schema,
+                          "--count", "10000", "--json"], capture_output=True, text=True, timeout=300,
+                         env=_env(pg_dsn, schema), cwd=str(REPO_ROOT), stdin=subprocess.DEVNULL)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["enqueued"] == 10_000
+    assert (out["completed"], out["retried"], out["failed"], out["cancelled"]) == (10_000, 0, 0, 0)
+    assert out["empty"] and out["clean"] and out["claimed"] == 10_000
+    assert counts(storage, conn, "pipeline") == {"completed": 10_000}
