@@ -136,3 +136,120 @@ def test_pipeline_bulk_enqueues_by_copy_and_drains_10000_jobs_until_empty(pg_dsn
     assert (out["completed"], out["retried"], out["failed"], out["cancelled"]) == (10_000, 0, 0, 0)
     assert out["empty"] and out["clean"] and out["claimed"] == 10_000
     assert counts(storage, conn, "pipeline") == {"completed": 10_000}
+
+
+# -- deploy recipes: the systemd unit and the Kubernetes Deployment, run as written --------------
+
+DEPLOY = EXAMPLES / "deploy"
+DEPLOY_APP = "tests.integration.worker_apps:deploy_app"
+_SUPERVISOR_MARGIN = 5.0  # Supervisor._drain waits drain_timeout + 5 s before it SIGKILLs children
+
+
+def _deploy_env(pg_dsn: str, schema: str, home: pathlib.Path, base: dict[str, str] | None = None) -> dict[str, str]:
+    env = _env(pg_dsn, schema)
+    env.pop("DATABASE_URL")
+    env.update(base or {})
+    env.update(AWA_FAST_DSN=pg_dsn, AWA_FAST_SCHEMA=schema, AWA_FAST_HOME=str(home),
+               PATH=f"{pathlib.Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    return env
+
+
+def _with_app(argv: Sequence[str]) -> list[str]:
+    """The recipe's own command line with its application replaced by the test app (and this venv's awa-fast)."""
+    assert argv[1] == "supervise" and ":" in argv[2], argv
+    exe = pathlib.Path(sys.executable).parent / "awa-fast"
+    return [str(exe), "supervise", DEPLOY_APP, *argv[3:]]
+
+
+def _run_until_drained(cmd: list[str], env: dict[str, str], storage, conn, log: pathlib.Path,  # noqa: ANN001
+                       stop_within: float, ready: object = None) -> None:
+    app = App(env["AWA_FAST_DSN"], env["AWA_FAST_SCHEMA"])
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, env=env, cwd=str(REPO_ROOT), stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            if ready is not None:
+                wait_for(ready, 60, "the recipe's readiness", on_timeout=lambda: log.read_text()[-3000:])
+            app.enqueue_many("deploy.noop", ({"i": i} for i in range(50)), queue="default")
+            wait_for(lambda: counts(storage, conn, "default").get("completed", 0) == 50, 60, "50 jobs",
+                     on_timeout=lambda: log.read_text()[-3000:])
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(stop_within) == 0, log.read_text()[-3000:]
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(30)
+    assert "supervisor drained (clean)" in log.read_text()
+    app.close()
+
+
+def _unit(path: pathlib.Path) -> dict[str, dict[str, list[str]]]:
+    sections: dict[str, dict[str, list[str]]] = {}
+    current = None
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            current = sections.setdefault(line[1:-1], {})
+            continue
+        key, _, value = line.partition("=")
+        assert current is not None and _, f"not a unit file line: {raw!r}"
+        current.setdefault(key.strip(), []).append(value.strip())
+    return sections
+
+
+def test_systemd_unit_execstart_runs_and_drains_on_sigterm_within_timeoutstopsec(
+        pg_dsn, schema, storage, conn, tmp_path):
+    unit = _unit(DEPLOY / "awa-fast.service")
+    svc = unit["Service"]
+    argv = shlex.split(svc["ExecStart"][0])
+    drain = float(argv[argv.index("--drain-timeout") + 1])
+    stop_timeout = float(svc["TimeoutStopSec"][0])
+    assert stop_timeout > drain + _SUPERVISOR_MARGIN
+    assert svc["KillSignal"] == ["SIGTERM"] and svc["KillMode"] == ["mixed"] and svc["RestartPreventExitStatus"] == ["2"]
+    cmd = _with_app(argv)
+    if subprocess.run(["sh", "-c", "command -v systemd-analyze"], capture_output=True).returncode == 0:
+        # systemd's own parser, on the unit as written but for this venv's binary
+        local = tmp_path / "awa-fast.service"
+        local.write_text((DEPLOY / "awa-fast.service").read_text().replace(argv[0], cmd[0]))
+        res = subprocess.run(["systemd-analyze", "verify", str(local)], capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stdout + res.stderr
+    assert subprocess.run([cmd[0], "supervise", "--help"], capture_output=True, timeout=60).returncode == 0
+    environment = dict(e.split("=", 1) for e in svc.get("Environment", []))
+    assert "AWA_FAST_HOME" in environment
+    _run_until_drained(cmd, _deploy_env(pg_dsn, schema, tmp_path / "home", environment), storage, conn,
+                       tmp_path / "unit.log", stop_timeout)
+
+
+def _manifest_commands(path: pathlib.Path) -> list[list[str]]:
+    return [json.loads(m.group(1)) for m in re.finditer(r"^\s*command: (\[.*\])\s*$", path.read_text(), re.M)]
+
+
+def test_kubernetes_deployment_commands_run_and_the_grace_period_covers_the_drain(
+        pg_dsn, schema, storage, conn, tmp_path):
+    manifest = DEPLOY / "k8s-deployment.yaml"
+    grace = float(re.search(r"^\s*terminationGracePeriodSeconds: (\d+)\s*$", manifest.read_text(), re.M).group(1))
+    migrate_cmd, supervise_cmd, probe_cmd = _manifest_commands(manifest)
+    assert migrate_cmd[:2] == ["awa-fast", "migrate"] and supervise_cmd[:2] == ["awa-fast", "supervise"]
+    drain = float(supervise_cmd[supervise_cmd.index("--drain-timeout") + 1])
+    assert grace > drain + _SUPERVISOR_MARGIN
+    env = _deploy_env(pg_dsn, schema, tmp_path / "home")
+    res = subprocess.run(migrate_cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and "already up to date" in res.stdout, res.stderr
+
+    def probe() -> int:
+        return subprocess.run(probe_cmd, env=env, capture_output=True, timeout=60).returncode
+
+    assert probe() == 1  # no supervisor in this "pod" yet: not alive
+    _run_until_drained(_with_app(supervise_cmd), env, storage, conn, tmp_path / "pod.log", grace,
+                       ready=lambda: probe() == 0)
+    assert probe() == 1
+    dead_db = dict(env, AWA_FAST_DSN="host=/nonexistent port=5 dbname=x connect_timeout=2")
+    assert subprocess.run(probe_cmd, env=dead_db, capture_output=True, timeout=60).returncode == 0
+
+
+def test_docs_deploy_md_includes_the_deploy_files_as_they_are():
+    doc = (REPO_ROOT / "docs" / "deploy.md").read_text()
+    for name in ("awa-fast.service", "k8s-deployment.yaml"):
+        assert (DEPLOY / name).read_text().strip() in doc, f"docs/deploy.md is out of date with examples/deploy/{name}"

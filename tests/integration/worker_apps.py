@@ -58,3 +58,13 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main(sys.argv))
+
+
+# For the deploy recipes (examples/deploy): `awa-fast supervise tests.integration.worker_apps:deploy_app`
+# with the unit's and the manifest's own queue spec (queue "default"); the DSN comes from the command line.
+deploy_app = App(None)
+
+
+@deploy_app.job("deploy.noop", queue="default")
+def deploy_noop(job):  # noqa: ANN001, ANN202
+    return None
