@@ -253,3 +253,18 @@ def test_docs_deploy_md_includes_the_deploy_files_as_they_are():
     doc = (REPO_ROOT / "docs" / "deploy.md").read_text()
     for name in ("awa-fast.service", "k8s-deployment.yaml"):
         assert (DEPLOY / name).read_text().strip() in doc, f"docs/deploy.md is out of date with examples/deploy/{name}"
+
+
+def test_the_sample_user_project_passes_its_own_suite_with_only_awa_fast_testing(tmp_path):
+    """examples/testing as a user runs it: its own pytest configuration, the plugin loaded by its entry point.
+
+    Its awa_dsn starts a private PostgreSQL of its own (unless AWA_FAST_TEST_DSN is set).
+    """
+    sample = EXAMPLES / "testing"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "PYTHONPATH")}
+    env["PYTHONPATH"] = str(sample)  # or `pip install -e examples/testing`
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "--basetemp", str(tmp_path / "sample")], cwd=str(sample), env=env,
+                         capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+    assert re.search(r"\b5 passed\b", res.stdout), res.stdout[-2000:]
