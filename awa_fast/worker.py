@@ -138,7 +138,7 @@ class Worker:
         self._stopping = threading.Event()
         self._kick = threading.Event()
         self._short_seen: set[int] = set()
-        self._flushed_since_check = False
+        self._seen_empty = False  # a claim came back short with no busy lane since the last check
         self._errors: list[BaseException] = []
         self._codes: dict[int, int] = {}
         self._empty = False
@@ -200,9 +200,10 @@ class Worker:
                 self._kick.clear()
                 if not self.config.until_empty or self._stopping.is_set():
                     continue
-                if self._flushed_since_check:
-                    self._flushed_since_check = False
-                    pause = _CHECK_PAUSE_FIRST
+                if self._seen_empty:
+                    # A claimer saw nothing to claim: check as soon as nothing is outstanding.
+                    self._seen_empty = False
+                    pause, next_check = _CHECK_PAUSE_FIRST, 0.0
                 if not self._locally_idle() or time.monotonic() < next_check:
                     continue
                 if self._queues_empty():
@@ -261,14 +262,17 @@ class Worker:
                 self.stop()
             self._kick.set()
 
-    def _on_short_claim(self, index: int) -> None:
-        if index not in self._short_seen:
-            self._short_seen.add(index)
+    def _on_short_claim(self, index: int, lane_busy: bool) -> None:
+        # A short claim with a busy lane may be contention (another stripe holds the lane head) or
+        # a lane whose tail is a rolled-back reservation: it counts, but the checks it allows back
+        # off to the poll interval. One with no busy lane saw nothing claimable.
+        self._short_seen.add(index)
+        if not lane_busy:
+            self._seen_empty = True
         self._kick.set()
 
     def _on_flush(self, closed: list[AttemptClosed]) -> None:
-        self._flushed_since_check = True
-        self._kick.set()
+        self._kick.set()  # outstanding work may just have reached zero
 
     # -- until_empty ----------------------------------------------------------------------
 

@@ -104,9 +104,9 @@ class Claimer:
 
     def __init__(self, config: ClaimerConfig, registry: dict[str, JobSpec], shm_record: Any = None,
                  flush_listeners: Sequence[Callable[[list[AttemptClosed]], None]] = (), *,
-                 on_short_claim: Callable[[], None] | None = None, watch_parent: bool = True) -> None:
-        # on_short_claim: called on the claim thread after every claim that returned fewer
-        # jobs than asked (the in-process worker's until_empty check). watch_parent=False:
+                 on_short_claim: Callable[[bool], None] | None = None, watch_parent: bool = True) -> None:
+        # on_short_claim(lane_busy): called on the claim thread after every claim that returned
+        # fewer jobs than asked (the in-process worker's until_empty check). watch_parent=False:
         # do not drain when the parent process changes (in-process workers have no supervisor).
         self._on_short_claim = on_short_claim
         self._watch_parent = watch_parent
@@ -266,7 +266,7 @@ class Claimer:
                     continue
                 self._count("claim_calls", 1)
                 if self._on_short_claim is not None and len(snaps) < want:
-                    self._on_short_claim()
+                    self._on_short_claim(lane_busy)
                 if len(snaps) < want and not lane_busy and len(snaps) < _SHORT_CLAIM_SLEEPS:
                     # Drained for now: wait for a NOTIFY. A producer that
                     # reserved before this claim's end made it return the

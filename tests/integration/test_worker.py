@@ -16,6 +16,7 @@ import pytest
 import awa_fast
 from awa_fast.app import App
 from awa_fast.runtime.maintenance import Maintenance, MaintenanceConfig
+from awa_fast.storage import Storage
 from awa_fast.worker import queue_specs
 from tests.integration.runtime_helpers import REPO_ROOT, counts, wait_for
 from tests.integration.worker_apps import build
@@ -29,7 +30,15 @@ def _expected(n: int) -> dict[str, int]:
             "completed": n - retried - cancelled - failed}
 
 
-def test_until_empty_drains_10000_jobs_and_counts_every_outcome(pg_dsn, schema, storage, conn):
+def test_until_empty_drains_10000_jobs_and_counts_every_outcome(pg_dsn, schema, storage, conn, monkeypatch):
+    checks = []
+    real_check = Storage.queue_work_exists
+
+    def counted(self, c, queues):  # noqa: ANN001, ANN202
+        checks.append(queues)
+        return real_check(self, c, queues)
+
+    monkeypatch.setattr(Storage, "queue_work_exists", counted)
     app = build(pg_dsn, schema)
     n = 10_000
     app.enqueue_many("mixed", ({"i": i} for i in range(n)))
@@ -46,7 +55,19 @@ def test_until_empty_drains_10000_jobs_and_counts_every_outcome(pg_dsn, schema, 
     assert c.get("available", 0) == 0 and c.get("running", 0) == 0
     assert c["completed"] == want["completed"] + 50 and c["retryable"] == want["retried"]
     assert c["scheduled"] == 1 and storage.job_load(conn, later)["state"] == "scheduled"
+    # the database is asked only once the claims came back short with nothing outstanding: not per batch
+    assert 1 <= len(checks) <= 10 + 2 * summary.seconds and checks[-1] == ["w"], (len(checks), summary.seconds)
     app.close()
+
+
+def test_a_schema_not_migrated_is_reported_before_anything_starts(pg_dsn):
+    app = build(pg_dsn, "t_never_migrated")
+    with pytest.raises(awa_fast.SchemaNotMigrated, match="awa-fast migrate"):
+        app.run_worker(["w"], install_signal_handlers=False)
+    with pytest.raises(awa_fast.SchemaNotMigrated):
+        asyncio.run(app.run_worker_async(["w"]))
+    assert app.stop_worker() == 0
+    assert not [t for t in threading.enumerate() if t.name.startswith(("awa-claimer", "awa-worker"))]
 
 
 def test_until_empty_returns_at_once_on_an_empty_queue_and_after_a_rolled_back_enqueue(pg_dsn, schema):

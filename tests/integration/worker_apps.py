@@ -26,7 +26,8 @@ def build(dsn: str, schema: str, marker_dir: pathlib.Path | None = None,
     def mixed(job):  # noqa: ANN001, ANN202
         i = job.args["i"]
         if i % 100 == 0:
-            raise RuntimeError(f"boom {i}")          # retried (backoff: due later)
+            # retried, due in an hour (an exception's backoff, 16 s at least, could fall due under load)
+            return awa_fast.RetryAfter(3600, f"later {i}")
         if i % 250 == 1:
             return awa_fast.Cancel("not needed")     # cancelled
         if i % 500 == 2:
