@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 from collections.abc import AsyncIterator
 
@@ -23,6 +24,7 @@ from pydantic import BaseModel
 
 from awa_fast.app import App
 
+log = logging.getLogger("fastapi_app")
 DSN = os.environ["DATABASE_URL"]
 awa = App(DSN, os.environ.get("AWA_FAST_SCHEMA", "awa_fast"))
 
@@ -31,6 +33,12 @@ awa = App(DSN, os.environ.get("AWA_FAST_SCHEMA", "awa_fast"))
 def send_welcome(job) -> None:  # noqa: ANN001 - a sync handler: runs on a worker thread, not on the loop
     with psycopg.connect(DSN) as conn:  # (deliver the e-mail here)
         conn.execute("UPDATE signups SET welcomed_at = now() WHERE id = %s", (job.args["signup_id"],))
+
+
+def _report_worker_end(task: asyncio.Task[object]) -> None:
+    # A worker that ends while the app serves (e.g. SchemaTooNew at start) must not go unnoticed.
+    if not task.cancelled() and task.exception() is not None:
+        log.error("the awa-fast worker stopped: %s", task.exception())
 
 
 @contextlib.asynccontextmanager
@@ -42,6 +50,7 @@ async def lifespan(api: FastAPI) -> AsyncIterator[None]:
                                "welcomed_at timestamptz)")
         api.state.pool = pool
         worker = asyncio.create_task(awa.run_worker_async({"email": {"concurrency": 8}}))
+        worker.add_done_callback(_report_worker_end)
         try:
             yield
         finally:
