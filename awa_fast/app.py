@@ -789,5 +789,56 @@ class App(Client):
         async with self._aconn_scope(conn) as c:
             return await self.storage.callback_resolve_async(c, tok, action, payload, error) == "ok"
 
+    # -- in-process worker --------------------------------------------------------------
+    # Thin entry points; the worker lives in awa_fast/worker.py.
+
+    def run_worker(self, queues: QueuesArg = None, *, maintenance: bool = True, until_empty: bool = False,
+                   install_signal_handlers: bool = True, drain_timeout: float = 30.0,
+                   poll_interval: float = 1.0, listen: bool = True) -> WorkerSummary:
+        """Run the handlers in this process until stopped; blocks and returns a :class:`WorkerSummary`.
+
+        ``queues``: ``{"email": {"concurrency": 8, "stripes": 1, "batch": 0}}``,
+        a list of names, or None for the queues of the registered handlers.
+        One claimer thread per stripe (the claimer, batcher and heartbeat of
+        ``awa-fast supervise``); ``maintenance=True`` joins the leader
+        election. SIGINT/SIGTERM (handlers installed only on the main thread:
+        elsewhere pass ``install_signal_handlers=False``) or
+        :meth:`stop_worker` from another thread drain cleanly.
+        ``until_empty=True`` returns once no job of these queues is available
+        or running (jobs scheduled for later do not count).
+        """
+        from awa_fast.worker import run_worker
+
+        return run_worker(self, queues, maintenance=maintenance, until_empty=until_empty,
+                          install_signal_handlers=install_signal_handlers, drain_timeout=drain_timeout,
+                          poll_interval=poll_interval, listen=listen)
+
+    async def run_worker_async(self, queues: QueuesArg = None, *, maintenance: bool = True,
+                               until_empty: bool = False, drain_timeout: float = 30.0,
+                               poll_interval: float = 1.0, listen: bool = True) -> WorkerSummary:
+        """Run the handlers inside the running event loop; cancelling the task drains cleanly.
+
+        The claimers run on their own threads (no blocking call on the loop);
+        the coroutine only awaits their end. Installs no signal handlers: the
+        host (e.g. uvicorn) owns them, so cancel the task from its shutdown.
+        """
+        from awa_fast.worker import run_worker_async
+
+        return await run_worker_async(self, queues, maintenance=maintenance, until_empty=until_empty,
+                                      drain_timeout=drain_timeout, poll_interval=poll_interval, listen=listen)
+
+    def stop_worker(self) -> int:
+        """Ask this app's running in-process workers to drain (any thread); returns how many."""
+        from awa_fast.worker import stop_worker
+
+        return stop_worker(self)
+
 
 __all__ = ["App", "KEEP", "check_dsn", "dsn_from_environment", "resolve_dsn", "resolve_schema"]
+
+
+# Names used only in the in-process worker's annotations above (kept at the end of the file).
+from typing import TYPE_CHECKING  # noqa: E402
+
+if TYPE_CHECKING:
+    from awa_fast.worker import QueuesArg, WorkerSummary

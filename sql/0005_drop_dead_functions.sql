@@ -1,4 +1,5 @@
 -- awa-fast: drop the storage functions nothing calls any more.
+-- compatible-with-previous: yes
 -- Immutable once landed, like every migration (rule: docs/storage.md,
 -- "Migrations").
 --

@@ -1,4 +1,5 @@
 -- awa-fast security hardening: no SECURITY DEFINER function acts on an
+-- compatible-with-previous: yes
 -- identifier the runtime role can write, and nothing is executable by PUBLIC.
 -- Immutable once landed, like every migration.
 --

@@ -1,5 +1,6 @@
--- awa-fast storage, version 5: job results, progress that survives retry,
+-- awa-fast storage, version 7: job results, progress that survives retry,
 -- and history retention as a setting.
+-- compatible-with-previous: yes
 -- Immutable once landed, like every migration.
 --
 -- What and why:

@@ -309,3 +309,80 @@ SELECT __SCHEMA__.ring_prune_v2(%s::text, %s::int, %s::text, %s::float8)
 -- name: ready_retention
 -- History retention of the shared ready ring: the longest of the queues' (1 hour when no queue is known).
 SELECT extract(epoch FROM COALESCE(max(history_retention), interval '1 hour'))::float8 FROM __SCHEMA__.queue_meta
+-- Queries of the in-process worker (awa_fast.worker), awa_fast.testing and the
+-- rolling-upgrade check (awa_fast.storage.compat).
+
+-- name: queue_work_exists
+-- Is any job of these queues available (a ready row past its lane's effective cursor and not tombstoned, or a
+-- deferred job that is due) or running (an open receipt)? Lane heads first: a lane whose enqueue head is not past
+-- its claim cursor costs no partition read. Indexes: lease_claims_lane, ready_segments_lane, ready_entries pkey,
+-- deferred_jobs_due. Callback waits (leases) and deferred jobs due later do not count.
+WITH lanes AS (
+    SELECT h.lane_id, COALESCE(pg_sequence_last_value(e.enqueue_seq), 0) AS head,
+           COALESCE(pg_sequence_last_value(h.claim_seq), 0) AS seq_cur
+    FROM __SCHEMA__.queue_claim_heads h JOIN __SCHEMA__.queue_enqueue_heads e ON e.lane_id = h.lane_id
+    WHERE h.queue = ANY(%(queues)s::text[])
+), cursors AS (
+    SELECT l.lane_id, l.head,
+           greatest(l.seq_cur, (SELECT max(c.last_seq) FROM __SCHEMA__.lease_claims c
+                                WHERE c.lane_id = l.lane_id AND c.last_seq > l.seq_cur)) AS cur
+    FROM lanes l WHERE l.head > l.seq_cur
+)
+SELECT EXISTS (
+    SELECT 1 FROM cursors k
+    JOIN __SCHEMA__.ready_segments g ON g.lane_id = k.lane_id AND g.last_seq > k.cur
+    JOIN __SCHEMA__.ready_entries r ON r.ready_slot = g.ready_slot AND r.lane_id = g.lane_id
+        AND r.lane_seq BETWEEN greatest(g.first_seq, k.cur + 1) AND g.last_seq
+    WHERE k.head > k.cur
+      AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.ready_tombstones t
+                      WHERE t.ready_slot = r.ready_slot AND t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq)
+) OR EXISTS (
+    SELECT 1 FROM lanes l
+    JOIN __SCHEMA__.lease_claims c ON c.lane_id = l.lane_id
+    CROSS JOIN LATERAL unnest(c.job_ids, c.run_leases) AS u(j, rl)
+    WHERE NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closure_batches b
+                      WHERE b.claim_slot = c.claim_slot AND b.claim_id = c.claim_id)
+      AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closures x
+                      WHERE x.claim_slot = c.claim_slot AND x.claim_id = c.claim_id
+                        AND x.job_id = u.j AND x.run_lease = u.rl)
+) OR EXISTS (
+    SELECT 1 FROM __SCHEMA__.deferred_jobs d WHERE d.run_at <= now() AND d.queue = ANY(%(queues)s::text[])
+)
+
+-- name: job_pending_list
+-- Jobs waiting to run, optionally of one kind and one queue: ready rows past their lane's effective cursor and not
+-- tombstoned, plus deferred jobs (scheduled, retryable, snoozed). For test assertions: scans the live ready rows
+-- of the matching lanes (index ready_entries pkey per slot), never used on a hot path.
+WITH cursors AS (
+    SELECT h.lane_id, h.queue, h.priority,
+           greatest(COALESCE(pg_sequence_last_value(h.claim_seq), 0),
+                    COALESCE((SELECT max(c.last_seq) FROM __SCHEMA__.lease_claims c WHERE c.lane_id = h.lane_id), 0))
+               AS cur
+    FROM __SCHEMA__.queue_claim_heads h
+    WHERE %(queue)s::text IS NULL OR h.queue = %(queue)s::text
+)
+SELECT r.job_id, k.queue, r.kind, k.priority::int, r.args, r.metadata, 'available' AS state, r.ready_at AS run_at
+FROM __SCHEMA__.ready_entries r JOIN cursors k ON k.lane_id = r.lane_id
+WHERE r.lane_seq > k.cur AND (%(kind)s::text IS NULL OR r.kind = %(kind)s::text)
+  AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.ready_tombstones t
+                  WHERE t.ready_slot = r.ready_slot AND t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq)
+UNION ALL
+SELECT d.job_id, d.queue, d.kind, d.priority::int, d.args, d.metadata,
+       CASE d.state WHEN 1 THEN 'scheduled' WHEN 2 THEN 'retryable' ELSE 'snoozed' END, d.run_at
+FROM __SCHEMA__.deferred_jobs d
+WHERE (%(queue)s::text IS NULL OR d.queue = %(queue)s::text) AND (%(kind)s::text IS NULL OR d.kind = %(kind)s::text)
+ORDER BY 1
+
+-- name: server_wal_level
+-- The server's wal_level (minimal can rewind a new lane's cursor sequence after a crash).
+SELECT current_setting('wal_level')
+
+-- name: schema_compat_list
+-- Recorded compatibility flag of every applied migration from version 5 on (primary key order).
+SELECT version, compatible_with_previous FROM __SCHEMA__.schema_compat ORDER BY version
+
+-- name: schema_compat_record
+-- Record migrations' compatibility flags (idempotent: a flag, once written, never changes).
+INSERT INTO __SCHEMA__.schema_compat (version, compatible_with_previous)
+SELECT v, c FROM unnest(%s::int[], %s::boolean[]) AS u(v, c)
+ON CONFLICT (version) DO NOTHING

@@ -4,7 +4,7 @@
 -- tests/integration/test_schema_snapshot.py fails when it is out of date.
 -- Rings installed with 4 slots each; owners omitted; names in C order.
 
--- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history
+-- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat
 
 
 ---------------------------------------------------------------------------
@@ -361,6 +361,13 @@ CREATE TABLE __SCHEMA__.ring_slots (
     quiet_generation bigint,
     quiet_at timestamp with time zone,
     CONSTRAINT ring_slots_pkey PRIMARY KEY (ring, slot)
+);
+
+CREATE TABLE __SCHEMA__.schema_compat (
+    version integer NOT NULL,
+    compatible_with_previous boolean NOT NULL,
+    recorded_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT schema_compat_pkey PRIMARY KEY (version)
 );
 
 CREATE TABLE __SCHEMA__.schema_migrations (

@@ -134,7 +134,9 @@ class Storage:
         if found < expected:
             raise SchemaNotMigrated(self.schema, expected, found or None)
         if found > expected:
-            raise SchemaTooNew(self.schema, expected, found)
+            from awa_fast.storage.compat import check_newer
+
+            check_newer(conn, self.schema, expected, found)  # raises SchemaTooNew unless declared compatible
 
     # -- enqueue --------------------------------------------------------------
 
@@ -605,6 +607,43 @@ class Storage:
     def _scalar_int(self, conn: psycopg.Connection, name: str, params: tuple[Any, ...]) -> int:
         row = conn.execute(self.q[name], params).fetchone()
         return int(row[0]) if row and row[0] is not None else 0
+
+    # -- in-process worker and awa_fast.testing ----------------------------------
+
+    def queue_work_exists(self, conn: psycopg.Connection, queues: Sequence[str]) -> bool:
+        """True while a job of ``queues`` is available (ready, or deferred and due) or running.
+
+        Deferred jobs due later and attempts parked for a callback do not
+        count. Cheap when the queues are drained: lane heads first.
+        """
+        row = conn.execute(self.q["queue_work_exists"], {"queues": list(queues)}).fetchone()
+        return bool(row and row[0])
+
+    def job_pending_list(self, conn: psycopg.Connection, kind: str | None = None,
+                         queue: str | None = None) -> list[dict[str, Any]]:
+        """Jobs waiting to run (``state``: available, scheduled, retryable, snoozed), by job id.
+
+        Reads what ``conn`` sees, so a caller's own uncommitted enqueues
+        count on its own connection. For tests and admin, not hot paths.
+        """
+        import orjson
+
+        keys = ("job_id", "queue", "kind", "priority", "args", "metadata", "state", "run_at")
+        out = []
+        for r in conn.execute(self.q["job_pending_list"], {"kind": kind, "queue": queue}).fetchall():
+            d = dict(zip(keys, r))
+            for k in ("args", "metadata"):
+                if isinstance(d[k], (bytes, bytearray, memoryview)):
+                    d[k] = orjson.loads(bytes(d[k]))
+                elif isinstance(d[k], str):  # a connection that loads jsonb as text (e.g. Django's)
+                    d[k] = orjson.loads(d[k])
+            out.append(d)
+        return out
+
+    def server_wal_level(self, conn: psycopg.Connection) -> str:
+        """The server's ``wal_level`` setting."""
+        row = conn.execute(self.q["server_wal_level"]).fetchone()
+        return str(row[0]) if row else ""
 
 
     # -- the public API's reads and admin writes (awa_fast.App, the CLI) ----------

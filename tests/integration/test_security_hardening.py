@@ -296,7 +296,7 @@ def test_functions_of_a_later_migration_are_not_executable_by_public(pg_dsn: str
     import awa_fast.storage.migrate as mig
     from awa_fast.storage.schema import Migration
 
-    body = "CREATE FUNCTION __SCHEMA__.later_fn() RETURNS int LANGUAGE sql AS $$ SELECT 1 $$;"
+    body = "-- compatible-with-previous: yes\nCREATE FUNCTION __SCHEMA__.later_fn() RETURNS int LANGUAGE sql AS $$ SELECT 1 $$;"
     later = (*migrations(), Migration(len(migrations()) + 1, "later", body))
     monkeypatch.setattr(mig, "migrations", lambda: later)
     monkeypatch.setattr(mig, "latest_version", lambda: later[-1].version)
