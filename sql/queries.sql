@@ -201,3 +201,7 @@ FROM (SELECT DISTINCT cid FROM unnest(%s::bigint[]) AS cid ORDER BY cid) x
 -- name: ring_slot_empty
 -- Does a ring slot hold no live rows? (maintenance skips rotating an empty current slot)
 SELECT __SCHEMA__.ring_slot_empty(%s::text, %s::int)
+
+-- name: dlq_depth
+-- DLQ size per queue (the metrics gauge; scans dlq_entries, which is small and cold).
+SELECT queue, count(*) FROM __SCHEMA__.dlq_entries GROUP BY queue

@@ -506,6 +506,12 @@ class Storage:
         """Dead tuples summed over the schema's tables (statistics may lag ~0.5 s)."""
         return self._scalar_int(conn, "dead_tuples", (self.schema,))
 
+    # -- observability ------------------------------------------------------------
+
+    def dlq_depth(self, conn: psycopg.Connection) -> dict[str, int]:
+        """DLQ entries per queue (a small, cold table)."""
+        return {q: int(n) for q, n in conn.execute(self.q["dlq_depth"]).fetchall()}
+
     def _scalar_int(self, conn: psycopg.Connection, name: str, params: tuple[Any, ...]) -> int:
         row = conn.execute(self.q[name], params).fetchone()
         return int(row[0]) if row and row[0] is not None else 0
