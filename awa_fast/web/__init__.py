@@ -39,7 +39,7 @@ _HEADERS = {
                                "frame-ancestors 'none'; form-action 'self'",
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    "Referrer-Policy": "same-origin",  # "no-referrer" makes browsers send Origin: null on form posts
     "Cache-Control": "no-store",
 }
 
@@ -117,7 +117,7 @@ def create_app(backend: Backend, *, token: str, read_only: bool = False) -> Star
         f = _job_filters(request)
         found = await run_in_threadpool(lambda: backend.jobs(**f))
         return page(request, "jobs.html", jobs=found, filters=f, states=JOB_STATES,
-                    next_before=found[-1]["id"] if len(found) == f["limit"] and found else None)
+                    next_before=found[-1]["job_id"] if len(found) == f["limit"] and found else None)
 
     async def job(request: Request) -> Response:
         info = await run_in_threadpool(backend.job, int(request.path_params["job_id"]))

@@ -46,13 +46,15 @@ def _enc_hook(obj: Any) -> Any:
 class Backend:
     """The dashboard's data source over one App and its schema."""
 
-    def __init__(self, app: Any, dsn: str, home: pathlib.Path | None = None) -> None:
+    def __init__(self, app: Any, dsn: str, home: pathlib.Path | None = None, *,
+                 sample_every: float = SAMPLE_EVERY_S) -> None:
         self.app = app
+        self.sample_every = sample_every
         self.storage = Storage(app.storage.schema)
         self.home = home
         self.pool = ConnectionPool(dsn, min_size=1, max_size=4, open=True,
                                    kwargs={"autocommit": True, "application_name": "awa_fast:dashboard"})
-        self.series: collections.deque[dict[str, Any]] = collections.deque(maxlen=int(HISTORY_S / SAMPLE_EVERY_S))
+        self.series: collections.deque[dict[str, Any]] = collections.deque(maxlen=int(HISTORY_S / sample_every))
         self._last_totals: dict[str, int] | None = None
         self._last_hist: dict[str, list[int]] | None = None
         self._stop = threading.Event()
@@ -61,7 +63,7 @@ class Backend:
     # -- lifecycle -----------------------------------------------------------------
 
     def start(self) -> None:
-        """Take the first sample and keep sampling every 5 s for the overview charts."""
+        """Take the first sample and keep sampling (every 5 s by default) for the overview charts."""
         self.sample()
         self._sampler = threading.Thread(target=self._sample_loop, name="awa-dashboard-sampler", daemon=True)
         self._sampler.start()
@@ -78,7 +80,7 @@ class Backend:
     # -- sampling --------------------------------------------------------------------
 
     def _sample_loop(self) -> None:
-        while not self._stop.wait(SAMPLE_EVERY_S):
+        while not self._stop.wait(self.sample_every):
             try:
                 self.sample()
             except Exception:  # noqa: BLE001 - a missed sample only leaves a gap in a chart
@@ -202,16 +204,21 @@ class Backend:
 
     def dlq_retry(self, job_ids: list[int] | None, queue: str | None) -> int:
         with self.conn() as c:
-            return int(self.app.dlq_retry(job_ids=job_ids, queue=queue, conn=c))
+            return _count(self.app.dlq_retry(job_ids=job_ids, queue=queue, conn=c))
 
     def dlq_purge(self, job_ids: list[int] | None, queue: str | None) -> int:
         with self.conn() as c:
-            return int(self.app.dlq_purge(job_ids=job_ids, queue=queue, conn=c))
+            return _count(self.app.dlq_purge(job_ids=job_ids, queue=queue, conn=c))
 
     def pause(self, queue: str, paused: bool) -> bool:
         with self.conn() as c:
             result = self.app.pause(queue, conn=c) if paused else self.app.resume(queue, conn=c)
         return result is not False
+
+
+def _count(result: Any) -> int:
+    """How many entries an action touched (the API returns the ids, or a count)."""
+    return len(result) if isinstance(result, (list, tuple, set)) else int(result)
 
 
 def _without_buckets(snap: dict[str, Any]) -> dict[str, Any]:

@@ -26,7 +26,7 @@ class DashboardServer:
     def __init__(self, app: Any, dsn: str, home: pathlib.Path | None, token_file: pathlib.Path, *,
                  read_only: bool = False) -> None:
         self.token = load_or_create_token(token_file)
-        self.backend = Backend(app, dsn, home)
+        self.backend = Backend(app, dsn, home, sample_every=0.5)
         self.backend.start()
         config = uvicorn.Config(create_app(self.backend, token=self.token, read_only=read_only),
                                 host="127.0.0.1", port=0, log_level="warning", lifespan="off")

@@ -122,10 +122,18 @@ def test_every_page_in_a_real_browser(app: awa_fast.App, pg_dsn: str, schema: st
                 assert resp is not None and resp.status == 200, path
                 page.screenshot(path=str(shots / f"{name}.png"), full_page=True)
 
-            # overview: the live chart script draws once it has polled the API
-            visit("/", "overview")
-            page.wait_for_function("document.getElementById('last-throughput').textContent.length > 0")
-            assert page.locator(f'#overview-queues tr[data-queue="{QUEUE}"]').count() == 1
+            # overview: the live chart script draws the sampled series once it has polled the API
+            wait_for(lambda: sum(p["completed_per_s"] is not None for p in srv.backend.series) >= 3, 30,
+                     "three chart samples")
+            page.goto(srv.url + "/")
+            page.wait_for_function("document.querySelector('#chart-throughput polyline') !== null && "
+                                   "document.querySelector('#chart-throughput polyline').getAttribute('points')"
+                                   ".split(' ').length >= 3")
+            page.screenshot(path=str(shots / "overview.png"), full_page=True)
+            row = page.locator(f'#overview-queues tr[data-queue="{QUEUE}"]')
+            assert row.count() == 1
+            api_q = next(q for q in _api(srv, "/api/overview")["queues"] if q["queue"] == QUEUE)
+            assert int(row.locator('[data-field="dlq"]').inner_text()) == api_q["dlq"] == 2
             # queues: the available count is the lane-head depth the API reports
             visit("/queues", "queues")
             assert page.locator(f'#queues tr[data-queue="{QUEUE}"]').count() == 1
@@ -133,7 +141,7 @@ def test_every_page_in_a_real_browser(app: awa_fast.App, pg_dsn: str, schema: st
             visit(f"/jobs?queue={QUEUE}&state=dlq", "jobs")
             shown = sorted(int(x) for x in page.locator("#jobs tr[data-job-id]").evaluate_all(
                 "rows => rows.map(r => r.dataset.jobId)"))
-            api_rows = sorted(j["id"] for j in _api(srv, f"/api/jobs?queue={QUEUE}&state=dlq"))
+            api_rows = sorted(j["job_id"] for j in _api(srv, f"/api/jobs?queue={QUEUE}&state=dlq"))
             assert shown == api_rows == sorted(dead)
             # runtime: one row per running claimer of the local supervisor
             visit("/runtime", "runtime")
@@ -156,12 +164,16 @@ def test_every_page_in_a_real_browser(app: awa_fast.App, pg_dsn: str, schema: st
             assert page.locator('[data-field="state"]').inner_text() == "cancelled"
             assert app.get_job(later).state == "cancelled"
 
-            # retry one DLQ entry through the UI: it leaves the DLQ and runs again
+            # retry one DLQ entry through the UI: it leaves the DLQ and is ready to run again (the queue
+            # is paused meanwhile, or rt.fail would send it straight back)
+            assert app.pause(QUEUE, conn=conn)
             visit(f"/dlq?queue={QUEUE}", "dlq")
             page.locator(f'#dlq tr[data-job-id="{dead[0]}"] button.dlq-retry').click()
             page.wait_for_selector("#msg")
             assert page.locator(f'#dlq tr[data-job-id="{dead[0]}"]').count() == 0
             assert dead[0] not in [e.job_id for e in app.dlq_list(queue=QUEUE, conn=conn)]
+            assert app.get_job(dead[0]).state == "available"
+            assert app.resume(QUEUE, conn=conn)
             # purge asks first, and only the confirmed click deletes
             page.locator(f'#dlq tr[data-job-id="{dead[1]}"] button.dlq-purge').click()
             page.wait_for_selector("#confirm-purge")
