@@ -197,13 +197,22 @@ def cmd_supervise(args: argparse.Namespace) -> int:
     dsn, source, schema = supervise_target(args, app)
     log.info("supervise %s: schema %s on PostgreSQL at %s (from %s)", args.app, schema, redact_dsn(dsn),
              "the embedded server" if source == "embedded" else source, extra={"action": "dsn"})
+    metrics = None
+    if args.metrics:
+        try:
+            from awa_fast.metrics import check_bind, parse_bind
+        except ImportError as exc:
+            raise ConfigError(str(exc)) from None
+        metrics = parse_bind(args.metrics)
+        check_bind(metrics)
     config = SupervisorConfig(args.app, dsn, schema, tuple(specs), drain_timeout=args.drain_timeout,
                               maintenance=not args.no_maintenance, poll_interval=args.poll_interval,
                               heartbeat_interval=args.heartbeat_interval, listen=not args.no_listen,
                               io_timeout=args.io_timeout,
                               home=str(_home(args)),
                               maintenance_config={"election_interval": args.election_interval,
-                                                  "rescue_interval": args.rescue_interval})
+                                                  "rescue_interval": args.rescue_interval},
+                              metrics=metrics)
     return Supervisor(config).run()
 
 
@@ -216,6 +225,46 @@ def cmd_status(args: argparse.Namespace) -> int:
     finally:
         conn.close()
     _out(args, data, format_status(data))
+    return 0
+
+
+def cmd_health(args: argparse.Namespace) -> int:
+    from awa_fast.health import check, format_report
+
+    report = check(_admin_dsn(args), _schema(args), _home(args), stale_after=args.stale_after,
+                   require_local=args.require_local)
+    _out(args, report.to_dict(), format_report(report))
+    return 0 if report.healthy else 1
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        from awa_fast.web import serve
+        from awa_fast.web.backend import Backend
+        from awa_fast.web.security import load_or_create_token
+    except ImportError as exc:
+        raise ConfigError(str(exc)) from None
+    from awa_fast.metrics import parse_bind
+
+    if args.app:
+        from awa_fast.runtime.loader import load_app
+
+        app = load_app(args.app)
+        if args.schema:
+            app = type(app)(dsn=app.dsn, schema=args.schema)
+    else:
+        from awa_fast.app import App
+
+        app = App(dsn=None, schema=_schema(args))
+    dsn = _admin_dsn(args)
+    app.dsn = dsn
+    host, port = parse_bind(args.bind, default_port=8787)
+    token_file = pathlib.Path(args.token_file) if args.token_file else _home(args) / "dashboard.token"
+    token = load_or_create_token(token_file)
+    log.info("dashboard on http://%s:%d/ (%s; admin token in %s)", host, port,
+             "read-only" if args.read_only else "actions need the token", token_file,
+             extra={"action": "serve_start"})
+    serve(Backend(app, dsn, _home(args)), host=host, port=port, token=token, read_only=args.read_only)
     return 0
 
 
@@ -476,6 +525,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--election-interval", type=float, default=1.0, help="standby leader election period (s)")
     sp.add_argument("--rescue-interval", type=float, default=1.0, help="leader rescue scan period (s)")
     sp.add_argument("--no-maintenance", action="store_true", help="run no maintenance process here")
+    sp.add_argument("--metrics", metavar="HOST:PORT", default=None,
+                    help="serve Prometheus /metrics, /healthz and /readyz there (needs awa-fast[metrics])")
     sp.add_argument("--io-timeout", type=float, default=10.0,
                     help="a claim, completion flush or LISTEN ping unanswered this long (s) is a dead connection")
     sp.add_argument("--no-listen", action="store_true",
@@ -486,6 +537,23 @@ def build_parser() -> argparse.ArgumentParser:
               "awa-fast status --exact")
     sp.add_argument("--exact", action="store_true", help="also scan for exact per-state counts")
     sp.set_defaults(func=cmd_status)
+
+    sp = leaf(sub, "health", "exit 0 when the database, schema, leader and this host's claimers are healthy",
+              "awa-fast health --json --stale-after 10")
+    sp.add_argument("--stale-after", type=_duration, default=10.0,
+                    help="a local claimer silent this long (seconds) is unhealthy (default 10)")
+    sp.add_argument("--require-local", action="store_true",
+                    help="unhealthy when no supervisor runs on this host")
+    sp.set_defaults(func=cmd_health)
+
+    sp = leaf(sub, "serve", "serve the web dashboard and its JSON API (needs awa-fast[web])",
+              "awa-fast serve --bind 127.0.0.1:8787 --read-only", json_flag=False)
+    sp.add_argument("app", nargs="?", default=None, help="module:attribute of the awa_fast.App (optional)")
+    sp.add_argument("--bind", default="127.0.0.1:8787", help="address to listen on (default 127.0.0.1:8787)")
+    sp.add_argument("--read-only", action="store_true", help="hide and refuse every action")
+    sp.add_argument("--token-file", default=None,
+                    help="admin token file, created 0600 when missing (default $AWA_FAST_HOME/dashboard.token)")
+    sp.set_defaults(func=cmd_serve)
 
     from awa_fast.records import JOB_STATES
 

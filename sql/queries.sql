@@ -386,3 +386,34 @@ SELECT version, compatible_with_previous FROM __SCHEMA__.schema_compat ORDER BY 
 INSERT INTO __SCHEMA__.schema_compat (version, compatible_with_previous)
 SELECT v, c FROM unnest(%s::int[], %s::boolean[]) AS u(v, c)
 ON CONFLICT (version) DO NOTHING
+
+-- name: dlq_depth
+-- DLQ size per queue (the metrics gauge; scans dlq_entries, which is small and cold).
+SELECT queue, count(*) FROM __SCHEMA__.dlq_entries GROUP BY queue
+
+-- name: ring_slot_stats
+-- Per ring slot: live and dead rows of its children from the statistics
+-- collector (no scan; may lag) and when the slot last became current
+-- (ring_rotations primary key; trimmed generations give NULL).
+SELECT r.ring, r.slot,
+       COALESCE(sum(st.n_live_tup), 0)::bigint, COALESCE(sum(st.n_dead_tup), 0)::bigint,
+       (SELECT max(rr.rotated_at) FROM __SCHEMA__.ring_rotations rr WHERE rr.ring = r.ring AND rr.slot = r.slot)
+FROM __SCHEMA__.ring_slots r
+LEFT JOIN pg_stat_user_tables st
+       ON st.schemaname = %(schema)s
+      AND st.relname ~ ('^(' || CASE r.ring
+                                   WHEN 'ready' THEN 'ready_entries|ready_segments|ready_tombstones|done_entries'
+                                   WHEN 'claim' THEN 'lease_claims|lease_claim_closures|lease_claim_closure_batches'
+                                   ELSE 'leases' END || ')_' || r.slot || '$')
+GROUP BY r.ring, r.slot
+ORDER BY r.ring, r.slot
+
+-- name: runtime_sessions
+-- awa-fast's connections to this database by role and client host (the
+-- dashboard's runtime page: supervisors and claimers on every host).
+SELECT split_part(application_name, ':', 2) AS role, application_name, COALESCE(client_addr::text, 'local'),
+       count(*)::int, min(backend_start)
+FROM pg_stat_activity
+WHERE datname = current_database() AND application_name LIKE 'awa\_fast:%'
+GROUP BY 1, 2, 3
+ORDER BY 3, 2

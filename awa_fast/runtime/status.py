@@ -33,12 +33,12 @@ def collect_status(storage: Storage, conn: psycopg.Connection, home: pathlib.Pat
     if exact:
         data["counts"] = storage.queue_counts_exact(conn)
     if home is not None:
-        data["supervisors"] = _local_snapshots(home, storage.schema)
+        data["supervisors"] = local_snapshots(home, storage.schema)
         data["local"] = data["supervisors"][0] if data["supervisors"] else None
     return data
 
 
-def _local_snapshots(home: pathlib.Path, schema: str) -> list[dict[str, Any]]:
+def local_snapshots(home: pathlib.Path, schema: str) -> list[dict[str, Any]]:
     """The shared-memory snapshot of every live local supervisor of ``schema``, oldest first."""
     try:
         from awa_fast.runtime.shm import ShmRing, read_locators
@@ -61,7 +61,7 @@ def _local_snapshots(home: pathlib.Path, schema: str) -> list[dict[str, Any]]:
 
 def _local_snapshot(home: pathlib.Path, schema: str, pid: int | None = None) -> dict[str, Any] | None:
     """The snapshot of local supervisor ``pid`` (default: the oldest, what ``local`` shows); None without."""
-    snaps = [s for s in _local_snapshots(home, schema) if pid is None or s["supervisor_pid"] == pid]
+    snaps = [s for s in local_snapshots(home, schema) if pid is None or s["supervisor_pid"] == pid]
     return snaps[0] if snaps else None
 
 

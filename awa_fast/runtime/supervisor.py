@@ -153,6 +153,7 @@ class SupervisorConfig:
     io_timeout: float = 10.0  # an unanswered claim/flush/LISTEN ping this long means a dead connection
     home: str | None = None
     maintenance_config: dict[str, Any] = field(default_factory=dict)
+    metrics: tuple[str, int] | None = None  # serve /metrics, /healthz, /readyz there (awa-fast[metrics])
 
 
 @dataclass
@@ -239,6 +240,11 @@ class Supervisor:
         if cfg.maintenance:
             mcfg = MaintenanceConfig(cfg.dsn, cfg.schema, **cfg.maintenance_config)
             self._children.append(_Child("maintenance", maintenance_main, (mcfg, shm_name)))
+        if cfg.metrics is not None and shm_name is not None:
+            from awa_fast.metrics import metrics_main
+
+            self._children.append(_Child("metrics", metrics_main, (shm_name, cfg.metrics, cfg.dsn, cfg.schema,
+                                                                   cfg.home)))
         signal.signal(signal.SIGTERM, self.request_drain)
         signal.signal(signal.SIGINT, self.request_drain)
         log.info("supervisor %d starting %d claimers and %s", os.getpid(), len(slots),

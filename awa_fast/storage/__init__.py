@@ -604,6 +604,22 @@ class Storage:
         """Dead tuples summed over the schema's tables (statistics may lag ~0.5 s)."""
         return self._scalar_int(conn, "dead_tuples", (self.schema,))
 
+    # -- observability ------------------------------------------------------------
+
+    def dlq_depth(self, conn: psycopg.Connection) -> dict[str, int]:
+        """DLQ entries per queue (a small, cold table)."""
+        return {q: int(n) for q, n in conn.execute(self.q["dlq_depth"]).fetchall()}
+
+    def ring_slot_stats(self, conn: psycopg.Connection) -> list[dict[str, Any]]:
+        """Per ring slot: estimated live/dead rows (statistics, no scan) and when it last became current."""
+        return [{"ring": r[0], "slot": r[1], "live": int(r[2]), "dead": int(r[3]), "became_current": r[4]}
+                for r in conn.execute(self.q["ring_slot_stats"], {"schema": self.schema}).fetchall()]
+
+    def runtime_sessions(self, conn: psycopg.Connection) -> list[dict[str, Any]]:
+        """awa-fast's open connections by role, application name and client host."""
+        return [{"role": r[0], "application_name": r[1], "host": r[2], "connections": r[3], "since": r[4]}
+                for r in conn.execute(self.q["runtime_sessions"]).fetchall()]
+
     def _scalar_int(self, conn: psycopg.Connection, name: str, params: tuple[Any, ...]) -> int:
         row = conn.execute(self.q[name], params).fetchone()
         return int(row[0]) if row and row[0] is not None else 0

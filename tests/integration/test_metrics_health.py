@@ -1,0 +1,163 @@
+"""``supervise --metrics`` and ``awa-fast health`` against real supervisors.
+
+The scrape's counters must add up to the jobs the database completed and
+the histograms' counts to the latency samples; every metric the Grafana
+dashboard queries must exist in a real scrape; health must turn unhealthy
+within one heartbeat timeout after a claimer is stopped and after the
+database goes away.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import signal
+import socket
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+pytest.importorskip("prometheus_client", reason="the [metrics] extra is not installed")
+
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from awa_fast.embedded import PostgresCluster, embedded_bindir, system_bindir  # noqa: E402
+from awa_fast.storage.migrate import RingSizes, migrate  # noqa: E402
+from tests.integration.runtime_helpers import (  # noqa: E402
+    SupervisorProc,
+    cli,
+    connect,
+    counts,
+    enqueue_bulk,
+    wait_for,
+)
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+DEFAULT_HEARTBEAT_TIMEOUT_S = 30.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 - loopback
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError:
+        return 0, ""
+
+
+def _families(text: str) -> dict[str, list]:
+    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+def _total(fams: dict[str, list], name: str, suffix: str = "") -> float:
+    return sum(s.value for s in fams.get(name, []) if s.name == name + suffix)
+
+
+def test_a_scrape_during_a_drain_adds_up_and_serves_every_dashboard_metric(pg_dsn, schema, storage, tmp_path):
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    n = 3000
+    with SupervisorProc(pg_dsn, schema, tmp_path, extra=["--metrics", f"127.0.0.1:{port}"]) as sup, \
+            connect(pg_dsn, schema) as conn:
+        sup.wait_running()
+        wait_for(lambda: _get(base + "/healthz")[0] == 200, 30, "the metrics address", on_timeout=sup.tail)
+        enqueue_bulk(pg_dsn, schema, "rt.sleep", [{"ms": 1}] * n)
+        status, during = _get(base + "/metrics")  # while work flows
+        assert status == 200 and "awa_fast_jobs_completed_total" in during
+        wait_for(lambda: counts(storage, conn).get("completed", 0) == n, 120, "the drain", on_timeout=sup.tail)
+        # claimers publish after each flush: the scrape catches up with the database
+        fams = wait_for(lambda: (lambda f: f if _total(f, "awa_fast_jobs_completed", "_total") == n else None)(
+            _families(_get(base + "/metrics")[1])), 30, "the completed counters to reach the database's count")
+        assert _total(fams, "awa_fast_jobs_claimed", "_total") == n
+        assert _total(fams, "awa_fast_jobs_stale", "_total") == 0
+        # one pickup and one end-to-end sample per completed job, on every claimer together
+        assert _total(fams, "awa_fast_pickup_latency_seconds", "_count") == n
+        assert _total(fams, "awa_fast_end_to_end_latency_seconds", "_count") == n
+        inf = [s for s in fams["awa_fast_pickup_latency_seconds"] if s.name.endswith("_bucket")
+               and s.labels["le"] == "+Inf"]
+        assert sum(s.value for s in inf) == n
+        assert _total(fams, "awa_fast_maintenance_leader") == 1
+        assert {s.labels["stripe"] for s in fams["awa_fast_claimer_up"]} == {"0", "1"}
+
+        # every metric a Grafana panel queries exists in this scrape
+        board = json.loads((REPO / "docs/grafana/awa-fast.json").read_text())
+        wanted = set()
+        for panel in board["panels"]:
+            for target in panel["targets"]:
+                wanted |= set(re.findall(r"awa_fast_[a-z_]+", target["expr"]))
+        exported = set()
+        for name, samples in fams.items():
+            exported |= {s.name for s in samples} | {name}
+        missing = sorted(m for m in wanted if m not in exported)
+        assert not missing, f"dashboard metrics missing from a real scrape: {missing}"
+
+        status, body = _get(base + "/readyz")
+        assert status == 200 and json.loads(body)["healthy"] is True, body
+        assert _get(base + "/nope")[0] == 404
+        assert sup.stop() == 0, sup.tail()
+
+
+def _health(dsn: str, schema: str, home: pathlib.Path, *extra: str) -> tuple[int, dict]:
+    res = cli("health", "--json", "--dsn", dsn, "--schema", schema, "--home", str(home), *extra)
+    try:
+        report = json.loads(res.stdout)
+    except json.JSONDecodeError:
+        report = {"stdout": res.stdout, "stderr": res.stderr}
+    return res.returncode, report
+
+
+def test_health_fails_within_a_heartbeat_timeout_of_a_stopped_claimer(pg_dsn, schema, tmp_path):
+    home = tmp_path / "home"
+    with SupervisorProc(pg_dsn, schema, tmp_path, home=home) as sup:
+        pids = sup.wait_running()
+        wait_for(lambda: _health(pg_dsn, schema, home, "--require-local")[0] == 0, 30, "a healthy start",
+                 on_timeout=lambda: str(_health(pg_dsn, schema, home)[1]))
+        victim = next(iter(pids.values()))
+        os.kill(victim, signal.SIGSTOP)
+        stopped = time.monotonic()
+        try:
+            code, report = wait_for(
+                lambda: (lambda r: r if r[0] != 0 else None)(_health(pg_dsn, schema, home, "--stale-after", "3")),
+                DEFAULT_HEARTBEAT_TIMEOUT_S, "health to fail")
+            assert time.monotonic() - stopped < DEFAULT_HEARTBEAT_TIMEOUT_S
+            assert code == 1 and not report["checks"]["claimers"]["ok"]
+            assert f"pid {victim}" in report["checks"]["claimers"]["detail"]
+        finally:
+            os.kill(victim, signal.SIGCONT)
+        wait_for(lambda: _health(pg_dsn, schema, home, "--stale-after", "3")[0] == 0, 30, "health to recover")
+        assert sup.stop() == 0, sup.tail()
+    # no supervisor left: no leader either
+    code, report = _health(pg_dsn, schema, home)
+    assert code == 1 and report["checks"]["leader"]["ok"] is False
+
+
+def test_health_fails_when_the_database_stops(tmp_path):
+    cluster = PostgresCluster(tmp_path / "pg" / "data", system_bindir() or embedded_bindir())
+    cluster.init()
+    cluster.start()
+    home = tmp_path / "home"
+    try:
+        migrate(cluster.dsn, "awa_fast", RingSizes(4, 4, 4))
+        with SupervisorProc(cluster.dsn, "awa_fast", tmp_path, home=home) as sup:
+            sup.wait_running()
+            wait_for(lambda: _health(cluster.dsn, "awa_fast", home)[0] == 0, 30, "a healthy start",
+                     on_timeout=lambda: str(_health(cluster.dsn, "awa_fast", home)[1]))
+            cluster.stop("immediate")
+            stopped = time.monotonic()
+            code, report = _health(cluster.dsn, "awa_fast", home)
+            assert code == 1 and report["checks"]["database"]["ok"] is False, report
+            assert time.monotonic() - stopped < DEFAULT_HEARTBEAT_TIMEOUT_S
+            sup.close()
+    finally:
+        cluster.stop("immediate")
