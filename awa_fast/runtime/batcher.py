@@ -40,6 +40,11 @@ _STOP = object()
 # to write, only the receipt bookkeeping moves on.
 RELEASE: Outcome = ("release", None, None)  # type: ignore[assignment]
 
+# Outcome of an attempt already known to be closed elsewhere (rescued or
+# cancelled while its handler ran): nothing is written for it, the flush
+# reports it stale.
+STALE: Outcome = ("stale", None, None)  # type: ignore[assignment]
+
 
 @dataclass(frozen=True, slots=True)
 class BatcherConfig:
@@ -215,11 +220,15 @@ class CompletionBatcher:
         completes = []
         others = []
         per_receipt: dict[int, list[int]] = {}  # claim_id -> [completions, all]
+        known_stale: list[tuple[int, int]] = []
         for job, outcome in batch:
             s = job.snapshot
             counts = per_receipt.setdefault(s.claim_id, [0, 0])
             counts[1] += 1
             if outcome is RELEASE:
+                continue
+            if outcome is STALE:
+                known_stale.append((s.job_id, s.run_lease))
                 continue
             if outcome is None and not job.lease_backed:
                 completes.append(s)
@@ -250,6 +259,7 @@ class CompletionBatcher:
                             stale.add((r.job_id, r.run_lease))
         if replay and stale:
             stale -= self._own_completions(conn, stale, completes)
+        stale.update(known_stale)
         self._after_flush(batch, per_receipt, stale, t0)
 
     def _own_completions(self, conn: psycopg.Connection, stale: set[tuple[int, int]],
