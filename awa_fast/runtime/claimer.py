@@ -159,6 +159,7 @@ class Claimer:
         # Sync attempts found stale while their handler still runs (a thread cannot be stopped).
         self._abandoned: set[tuple[int, int]] = set()
         self._abandoned_lock = threading.Lock()
+        self._unknown_logged: set[str] = set()
         self._claim_started: float | None = None
         self._ping_started: float | None = None
         self._work: queue.SimpleQueue[list[Job] | None] = queue.SimpleQueue()
@@ -337,8 +338,7 @@ class Claimer:
             self._outstanding += n
         unknown = [j for j in jobs if j.kind not in self.registry]
         if unknown:
-            # No handler here: fail at once with a clear reason (to the DLQ when enabled).
-            self._finish([(j, (CLOSE_FAIL, None, _unknown_kind_text(j.kind))) for j in unknown])
+            self._unknown_kinds(unknown)
             jobs = [j for j in jobs if j.kind in self.registry]
         if self._loop is None:
             sync_jobs, async_jobs = jobs, []
@@ -351,6 +351,18 @@ class Claimer:
                 self._work.put(sync_jobs[i:i + per])
         if async_jobs and self._loop is not None:
             self._loop.call_soon_threadsafe(self._spawn_async, async_jobs)
+
+    def _unknown_kinds(self, jobs: list[Job]) -> None:
+        """No handler here: retry with backoff (DLQ only when attempts run out).
+
+        During a rolling deploy producers may know a kind before this worker
+        does; a worker that has it may claim the retry. Logged once per kind.
+        """
+        for kind in sorted({j.kind for j in jobs} - self._unknown_logged):
+            self._unknown_logged.add(kind)
+            log.warning("no handler for kind %r in this worker: its jobs are retried with backoff "
+                        "(the DLQ takes them when their attempts run out)", kind, extra={"action": "unknown_kind"})
+        self._finish([(j, (CLOSE_RETRY, None, _unknown_kind_text(j.kind))) for j in jobs])
 
     def _chunk_size(self, n: int) -> int:
         """Jobs per worker hand-off: spread over all workers, but ~2 ms of work at least.
@@ -407,7 +419,7 @@ class Claimer:
     def _run_sync(self, job: Job) -> Outcome:
         spec = self.registry.get(job.kind)
         if spec is None:
-            return (CLOSE_FAIL, None, _unknown_kind_text(job.kind))
+            return (CLOSE_RETRY, None, _unknown_kind_text(job.kind))
         job.started_at = time.time()
         try:
             return self._outcome(job, spec.handler(job))
