@@ -588,12 +588,16 @@ class Claimer:
 
     def _thread_died(self, what: str, exc: BaseException) -> None:
         """A thread the claimer cannot run without died: stop claiming and exit non-zero."""
-        log.error("%s died (%s); stopping this claimer so the supervisor restarts it "
-                  "(its open attempts will be rescued)", what, error_text(exc), exc_info=exc,
-                  extra={"action": "thread_died"})
         if self._died is None:
             self._died = what
-        self.stop()
+        self.stop()  # first: nothing below may keep the claimer from stopping
+        try:
+            detail = error_text(exc)
+        except BaseException:  # noqa: BLE001
+            detail = type(exc).__name__
+        log.error("%s died (%s); stopping this claimer so the supervisor restarts it "
+                  "(its open attempts will be rescued)", what, detail, exc_info=exc,
+                  extra={"action": "thread_died"})
 
     # -- the runtime interface used by Job -------------------------------------------
 
