@@ -74,6 +74,10 @@ class Heartbeat:
         # Called if this thread dies anyway (a bug): the claimer must not run on without heartbeats.
         self.on_death: Callable[[BaseException], None] | None = None
         self.dropped_progress = 0
+        # Stale answers not yet acted on: key -> (job, when). Our own completion, committed
+        # while this batch ran, also reads stale; it leaves `held` within milliseconds, so
+        # an attempt still held one tick later was really rescued or closed elsewhere.
+        self._suspect: dict[tuple[int, int], tuple[Job, float]] = {}
         self.sent = 0
         self.stale = 0
         self.gil_stalls = 0
@@ -98,6 +102,8 @@ class Heartbeat:
         """Send one heartbeat batch now; returns how many attempts it covered."""
         now = time.monotonic()
         held = self._held
+        if self._suspect:
+            self._confirm_lost(now)
         due: dict[tuple[int, int], Job] = {}
         for key, started in list(self._claimed_at.items()):
             if now - started >= self.config.interval:
@@ -107,7 +113,7 @@ class Heartbeat:
         with self._lock:
             dirty, self._dirty = self._dirty, {}
         for key, job in dirty.items():
-            if key in held and not job.is_abandoned():  # an attempt that ended leaves the dirty set
+            if key in held and key not in self._suspect and not job.is_abandoned():  # ended: leaves the dirty set
                 due[key] = job
         if not due:
             return 0
@@ -133,6 +139,21 @@ class Heartbeat:
         self.sent += len(jobs)
         log.debug("heartbeat covered %d attempts", len(jobs), extra={"action": "heartbeat"})
         return len(jobs)
+
+    def _confirm_lost(self, now: float) -> None:
+        """Stale attempts still held a tick later were rescued or closed elsewhere: tell them."""
+        grace = min(self.config.interval / 4, 0.5)
+        lost: list[Job] = []
+        for key, (job, seen) in list(self._suspect.items()):
+            if key not in self._held:
+                del self._suspect[key]  # completed here and flushed: nothing to tell
+            elif now - seen >= grace:
+                del self._suspect[key]
+                job._stale = True  # noqa: SLF001
+                job._cancelled = True  # noqa: SLF001
+                lost.append(job)
+        if lost and self.on_lost is not None:
+            self.on_lost(lost)
 
     def _encoded(self, job: Job) -> RawJson | None:
         """The job's progress as JSON bytes (``set_progress`` encodes it already); None if unusable."""
@@ -187,26 +208,22 @@ class Heartbeat:
 
     def _apply(self, results: list[AttemptResult], jobs: list[Job]) -> None:
         by_key = {(j.id, j.run_lease): j for j in jobs}
-        lost: list[Job] = []
         cancel: list[Job] = []
         for r in results:  # results come back in lock order, not input order
             key = (r.job_id, r.run_lease)
             job = by_key[key]
             if r.status == "stale":
                 self.stale += 1
-                # Nothing more to heartbeat: the attempt is closed (rescued, or closed elsewhere).
+                # Nothing more to heartbeat: the attempt is closed (rescued, closed elsewhere, or
+                # completed by this claimer a moment ago); the next tick tells which.
                 self._claimed_at.pop(key, None)
                 if not job.is_abandoned():
-                    job._stale = True  # noqa: SLF001
-                    job._cancelled = True  # noqa: SLF001
-                    lost.append(job)
+                    self._suspect.setdefault(key, (job, time.monotonic()))
             else:
                 self._stateful.add(key)
                 if r.status == "cancel" and not job._cancelled:  # noqa: SLF001
                     job._cancelled = True  # noqa: SLF001
                     cancel.append(job)
-        if lost and self.on_lost is not None:
-            self.on_lost(lost)
         if cancel and self.on_cancel is not None:
             self.on_cancel(cancel)
 

@@ -197,7 +197,7 @@ def test_a_bad_progress_value_is_refused_in_its_handler_and_spares_the_others(pg
     # The innocent job ran once, from start to end, and nothing was rescued.
     assert [(e["ev"], e["lease"]) for e in runlog.for_job(innocent) if e["ev"] in ("start", "run")] == \
         [("start", 1), ("run", 1)]
-    assert "rescued" not in sup.output()
+    assert "rescued" not in sup.output(), sup.tail(80)
     assert done_rows_by_job(conn, schema)[innocent] == [(1, 1, 1)]
 
 
