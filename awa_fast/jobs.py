@@ -13,6 +13,12 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
+from awa_fast.errors import PayloadError
+
+# Encoded size limit of one job.set_progress() value (JSON bytes). Progress
+# rides on every heartbeat batch of its claimer, so it is kept small.
+MAX_PROGRESS_BYTES = 64 * 1024
+
 # done_entries.state / lease_claim_closures.outcome codes (see sql/0001_queue_storage.sql)
 STATE_COMPLETED = 1
 STATE_FAILED = 2
@@ -115,8 +121,8 @@ class Job(Generic[T]):
     database directly.
     """
 
-    __slots__ = ("snapshot", "_args_type", "_args", "_progress", "_cancelled", "_runtime", "callback_token",
-                 "lease_backed", "started_at")
+    __slots__ = ("snapshot", "_args_type", "_args", "_progress", "_cancelled", "_stale", "_runtime",
+                 "callback_token", "lease_backed", "started_at", "_task")
 
     def __init__(self, snapshot: ClaimSnapshot, args_type: type | None = None, runtime: Any = None) -> None:
         self.snapshot = snapshot
@@ -124,6 +130,9 @@ class Job(Generic[T]):
         self._args: Any = _UNSET
         self._progress: Any = None
         self._cancelled = False
+        # Set only when needed, so a claimed job costs no more than before:
+        # _stale (the attempt was rescued or closed elsewhere: the heartbeat said stale)
+        # and _task (the asyncio task of an async handler, which the runtime cancels).
         self._runtime = runtime
         self.callback_token: Any = None
         self.lease_backed = False
@@ -201,14 +210,38 @@ class Job(Generic[T]):
         return None if p is None else msgspec.json.decode(p)
 
     def set_progress(self, progress: Any) -> None:
-        """Record progress (JSON-able); flushed with the next heartbeat batch."""
-        self._progress = progress
+        """Record progress (JSON-able, at most 64 KiB encoded); flushed with the next heartbeat batch.
+
+        The value is checked and encoded here, with the same rules as job
+        args at enqueue: a value that cannot be stored (a NUL in a string, a
+        ``set``, NaN, a non-string key, too deep, too large) raises
+        :class:`~awa_fast.PayloadError` in the handler and is not recorded;
+        the progress recorded before stays.
+        """
+        from awa_fast.client import encode_payload  # client -> storage -> jobs: imported late
+
+        limit = getattr(self._runtime, "max_progress_bytes", MAX_PROGRESS_BYTES)
+        try:
+            data = encode_payload(progress, "progress", limit)
+        except PayloadError as exc:
+            raise _progress_error(exc) from None
+        self._progress = data
         if self._runtime is not None:
             self._runtime.progress_changed(self)
 
     def is_cancelled(self) -> bool:
-        """True once an operator asked to cancel this running job (seen at heartbeat)."""
+        """True once this attempt should stop: an operator asked to cancel the job, or the
+        attempt was rescued (deadline, heartbeat timeout) or closed elsewhere.
+
+        Seen by the heartbeat thread, so it turns True within one heartbeat
+        interval. An ``async def`` handler's task is also cancelled; a sync
+        handler must look at this itself (a thread cannot be stopped).
+        """
         return self._cancelled
+
+    def is_abandoned(self) -> bool:
+        """True once this attempt was rescued or closed elsewhere: whatever it returns is discarded."""
+        return getattr(self, "_stale", False)
 
     def register_callback(self, timeout: float) -> str:
         """Park this attempt for an external callback; returns the token to resolve it with.
@@ -223,6 +256,17 @@ class Job(Generic[T]):
         self.callback_token = token
         self.lease_backed = True
         return token
+
+
+def _progress_error(exc: PayloadError) -> PayloadError:
+    """The enqueue check's PayloadError, worded for progress (nothing is enqueued here)."""
+    text = str(exc)
+    tail = "; nothing was enqueued"
+    if text.endswith(tail):
+        text = text[: -len(tail)]
+    err = PayloadError("progress rejected", exc.path)
+    err.args = (f"{text}; the progress was not recorded",)
+    return err
 
 
 class _Unset:

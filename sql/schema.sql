@@ -4,7 +4,7 @@
 -- tests/integration/test_schema_snapshot.py fails when it is out of date.
 -- Rings installed with 4 slots each; owners omitted; names in C order.
 
--- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat
+-- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening
 
 
 ---------------------------------------------------------------------------
@@ -246,7 +246,7 @@ CREATE TABLE __SCHEMA__.queue_meta (
     stripes integer DEFAULT 1 NOT NULL,
     enqueue_shards integer DEFAULT 8 NOT NULL,
     dlq_enabled boolean DEFAULT true NOT NULL,
-    deadline interval,
+    deadline interval DEFAULT '01:00:00'::interval,
     heartbeat_timeout interval DEFAULT '00:00:30'::interval NOT NULL,
     aging_interval interval DEFAULT '00:01:00'::interval NOT NULL,
     dlq_retention interval DEFAULT '14 days'::interval NOT NULL,

@@ -42,6 +42,11 @@ _STOP = object()
 # to write, only the receipt bookkeeping moves on.
 RELEASE: Outcome = ("release", None, None)  # type: ignore[assignment]
 
+# Outcome of an attempt already known to be closed elsewhere (rescued or
+# cancelled while its handler ran): nothing is written for it, the flush
+# reports it stale.
+STALE: Outcome = ("stale", None, None)  # type: ignore[assignment]
+
 
 class ResultCompletion(tuple):  # type: ignore[type-arg]
     """Outcome of a completion that carries the handler's returned value.
@@ -264,11 +269,15 @@ class CompletionBatcher:
         others = []
         results: list[tuple[Job, ResultCompletion]] = []
         per_receipt: dict[int, list[int]] = {}  # claim_id -> [completions, all]
+        known_stale: list[tuple[int, int]] = []
         for job, outcome in batch:
             s = job.snapshot
             counts = per_receipt.setdefault(s.claim_id, [0, 0])
             counts[1] += 1
             if outcome is RELEASE:
+                continue
+            if outcome is STALE:
+                known_stale.append((s.job_id, s.run_lease))
                 continue
             if outcome is None and not job.lease_backed:
                 completes.append(s)
@@ -305,6 +314,7 @@ class CompletionBatcher:
                             stale.add((r.job_id, r.run_lease))
         if replay and stale:
             stale -= self._own_completions(conn, stale, completes)
+        stale.update(known_stale)
         self._after_flush(batch, per_receipt, stale, t0)
 
     def _flush_with_results(self, conn: psycopg.Connection, batch: list[tuple[Job, Outcome]],

@@ -7,6 +7,14 @@ capacity, or the poll interval. Handlers run on a bounded thread pool (sync)
 or an event loop thread (``async def``); an outcome goes to the completion
 batcher and the capacity is free at once. Heartbeats run on their own
 thread. No transaction is held while a handler runs.
+
+Whatever a handler raises, ``BaseException`` included (``SystemExit``,
+``KeyboardInterrupt``, ``asyncio.CancelledError``, ``GeneratorExit``), its
+attempt closes as a retry naming the exception, and outcomes a worker had
+already produced are always handed on. A worker thread or the event loop
+thread that dies anyway stops the claimer loudly (exit code 1): the
+supervisor restarts it and its open attempts are rescued. See
+``docs/handlers.md``.
 """
 
 from __future__ import annotations
@@ -25,7 +33,8 @@ import psycopg
 
 from awa_fast.errors import DatabaseUnavailable, TerminalError
 from awa_fast.jobs import AttemptClosed, Cancel, ClaimSnapshot, Job, JobSpec, RetryAfter, Snooze, WaitForCallback
-from awa_fast.runtime.batcher import RELEASE, BatcherConfig, CompletionBatcher, FlushReport, Outcome
+from awa_fast.jobs import MAX_PROGRESS_BYTES
+from awa_fast.runtime.batcher import RELEASE, STALE, BatcherConfig, CompletionBatcher, FlushReport, Outcome
 from awa_fast.runtime.heartbeat import Heartbeat, HeartbeatConfig
 from awa_fast.storage import (
     CLOSE_CANCEL,
@@ -88,15 +97,29 @@ class ClaimerConfig:
     # long is taken as a half-open connection: its socket is shut down, which
     # turns the hang into an error the loops already recover from.
     io_timeout: float = 10.0  # the LISTEN connection is pinged every io_timeout / 2
+    max_progress_bytes: int = MAX_PROGRESS_BYTES  # encoded size limit of one job.set_progress() value
 
 
 def error_text(exc: BaseException | str) -> str:
-    """Error text safe to store: no NUL, no lone surrogates, at most 8 KiB."""
-    try:
-        text = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
-    except Exception:  # noqa: BLE001 - an exception whose __str__ fails
-        text = type(exc).__name__
+    """Error text safe to store: no NUL, no lone surrogates, at most 8 KiB.
+
+    Names the exception's type always (``SystemExit: 3``, ``KeyboardInterrupt``),
+    even when its ``__str__`` is empty or itself raises.
+    """
+    if isinstance(exc, str):
+        text = exc
+    else:
+        name = type(exc).__name__
+        try:
+            detail = str(exc)
+            text = f"{name}: {detail}" if detail else name
+        except BaseException:  # noqa: BLE001 - an exception whose __str__ fails (or raises SystemExit)
+            text = name
     return clean_text(text, _MAX_ERROR) or ""
+
+
+def _unknown_kind_text(kind: str) -> str:
+    return f"no handler registered for kind {kind!r} in this worker"
 
 
 class Claimer:
@@ -134,6 +157,15 @@ class Claimer:
         self._backlog_maybe = True
         self.batcher._on_death = self._batcher_died
         self.heartbeat.watchdog = self._watchdog
+        self.heartbeat.on_lost = self._attempts_lost
+        self.heartbeat.on_cancel = self._attempts_cancel_requested
+        self.heartbeat.on_death = lambda exc: self._thread_died("the heartbeat thread", exc)
+        self.max_progress_bytes = config.max_progress_bytes  # read by Job.set_progress
+        self._died: str | None = None  # a worker, loop or heartbeat thread that died: exit non-zero
+        # Sync attempts found stale while their handler still runs (a thread cannot be stopped).
+        self._abandoned: set[tuple[int, int]] = set()
+        self._abandoned_lock = threading.Lock()
+        self._unknown_logged: set[str] = set()
         self._claim_started: float | None = None
         self._ping_started: float | None = None
         self._work: queue.SimpleQueue[list[Job] | None] = queue.SimpleQueue()
@@ -171,6 +203,7 @@ class Claimer:
         """Claim and run jobs until :meth:`stop`; then drain. Returns an exit code (0 = clean)."""
         cfg = self.config
         self._set_state("starting")
+        self._publish_abandoned()  # a restarted claimer abandons nothing yet
         self.batcher.start()
         self.heartbeat.start()
         for i in range(cfg.concurrency if self._has_sync() else 0):
@@ -179,7 +212,7 @@ class Claimer:
             self._threads.append(t)
         if self._has_async():
             self._loop = asyncio.new_event_loop()
-            self._loop_thread = threading.Thread(target=self._loop.run_forever, name="awa-async", daemon=True)
+            self._loop_thread = threading.Thread(target=self._run_loop, name="awa-async", daemon=True)
             self._loop_thread.start()
         if cfg.listen:
             threading.Thread(target=self._listen, name="awa-listen", daemon=True).start()
@@ -318,9 +351,7 @@ class Claimer:
             self._outstanding += n
         unknown = [j for j in jobs if j.kind not in self.registry]
         if unknown:
-            # No handler here: fail at once with a clear reason (to the DLQ when enabled).
-            self._finish([(j, (CLOSE_FAIL, None, f"no handler registered for kind {j.kind!r} in this worker"))
-                          for j in unknown])
+            self._unknown_kinds(unknown)
             jobs = [j for j in jobs if j.kind in self.registry]
         if self._loop is None:
             sync_jobs, async_jobs = jobs, []
@@ -333,6 +364,18 @@ class Claimer:
                 self._work.put(sync_jobs[i:i + per])
         if async_jobs and self._loop is not None:
             self._loop.call_soon_threadsafe(self._spawn_async, async_jobs)
+
+    def _unknown_kinds(self, jobs: list[Job]) -> None:
+        """No handler here: retry with backoff (DLQ only when attempts run out).
+
+        During a rolling deploy producers may know a kind before this worker
+        does; a worker that has it may claim the retry. Logged once per kind.
+        """
+        for kind in sorted({j.kind for j in jobs} - self._unknown_logged):
+            self._unknown_logged.add(kind)
+            log.warning("no handler for kind %r in this worker: its jobs are retried with backoff "
+                        "(the DLQ takes them when their attempts run out)", kind, extra={"action": "unknown_kind"})
+        self._finish([(j, (CLOSE_RETRY, None, _unknown_kind_text(j.kind))) for j in jobs])
 
     def _chunk_size(self, n: int) -> int:
         """Jobs per worker hand-off: spread over all workers, but ~2 ms of work at least.
@@ -353,6 +396,12 @@ class Claimer:
     # -- handler execution --------------------------------------------------------------
 
     def _worker(self) -> None:
+        try:
+            self._work_loop()
+        except BaseException as exc:  # noqa: BLE001 - a bug: _run_sync catches everything a handler raises
+            self._thread_died(f"worker thread {threading.current_thread().name}", exc)
+
+    def _work_loop(self) -> None:
         perf = time.perf_counter
         stopping = self._stopping
         while True:
@@ -361,58 +410,91 @@ class Claimer:
                 return
             done: list[tuple[Job, Outcome | object]] = []
             t0 = perf()
-            for i, job in enumerate(chunk):
-                if stopping.is_set():
-                    # Draining: hand back what has not started (no attempt consumed).
-                    done.extend((j, _HAND_BACK) for j in chunk[i:])
-                    break
-                done.append((job, self._run_sync(job)))
+            try:
+                for i, job in enumerate(chunk):
+                    if stopping.is_set():
+                        # Draining: hand back what has not started (no attempt consumed).
+                        done.extend((j, _HAND_BACK) for j in chunk[i:])
+                        break
+                    done.append((job, self._run_sync(job)))
+            finally:
+                if len(done) < len(chunk):
+                    # Something escaped _run_sync: the job it ran stays held (rescued
+                    # after this claimer exits), the ones after it were never started.
+                    done.extend((j, _HAND_BACK) for j in chunk[len(done) + 1:])
+                self._finish(done)  # outcomes already produced are always handed on
             ran = sum(1 for _, o in done if o is not _HAND_BACK)
             if ran:
                 per_job = (perf() - t0) / ran
                 avg = self._avg_handler_s
                 self._avg_handler_s = per_job if avg is None else 0.8 * avg + 0.2 * per_job
-            self._finish(done)
 
     def _run_sync(self, job: Job) -> Outcome:
         spec = self.registry.get(job.kind)
         if spec is None:
-            return (CLOSE_FAIL, None, f"no handler registered for kind {job.kind!r} in this worker")
+            return (CLOSE_RETRY, None, _unknown_kind_text(job.kind))
         job.started_at = time.time()
         try:
-            result = spec.handler(job)
+            return self._outcome(job, spec.handler(job))
         except TerminalError as exc:
             return (CLOSE_FAIL, None, error_text(exc))
-        except Exception as exc:  # noqa: BLE001 - any handler failure retries
+        except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt, ... retry like any failure
             return (CLOSE_RETRY, None, error_text(exc))
-        return self._outcome(job, result)
+
+    def _run_loop(self) -> None:
+        """The event loop thread: a loop that stops or dies while the claimer runs stops the claimer."""
+        assert self._loop is not None
+        try:
+            self._loop.run_forever()
+        except BaseException as exc:  # noqa: BLE001 - _run_async catches everything a handler raises
+            self._thread_died("the event loop thread", exc)
+            return
+        if not self._stopping.is_set():
+            self._thread_died("the event loop thread",
+                              RuntimeError("the event loop stopped while the claimer runs (loop.stop() in a handler?)"))
 
     def _spawn_async(self, jobs: list[Job]) -> None:
         if self._async_slots is None:
             self._async_slots = asyncio.Semaphore(self.config.concurrency)
         for job in jobs:
-            asyncio.ensure_future(self._run_async(job))
+            job._task = asyncio.ensure_future(self._run_async(job))  # noqa: SLF001 - cancelled when stale
 
     async def _run_async(self, job: Job) -> None:
         assert self._async_slots is not None
-        async with self._async_slots:
-            if self._stopping.is_set():
-                self._finish([(job, _HAND_BACK)])
-                return
-            await self._run_async_handler(job)
+        outcome: Outcome | object = _HAND_BACK
+        try:
+            async with self._async_slots:
+                if self._stopping.is_set():
+                    return  # draining: hand back (no attempt consumed)
+                outcome = await self._run_async_handler(job)
+        except BaseException as exc:  # noqa: BLE001 - cancelled while waiting for a slot
+            outcome = self._interrupted(job, exc)
+        finally:
+            self._finish([(job, outcome)])
 
-    async def _run_async_handler(self, job: Job) -> None:
+    async def _run_async_handler(self, job: Job) -> Outcome | object:
         spec = self.registry[job.kind]
         job.started_at = time.time()
         try:
-            result = await spec.handler(job)
+            return self._outcome(job, await spec.handler(job))
         except TerminalError as exc:
-            outcome: Outcome = (CLOSE_FAIL, None, error_text(exc))
-        except Exception as exc:  # noqa: BLE001 - any handler failure retries
-            outcome = (CLOSE_RETRY, None, error_text(exc))
-        else:
-            outcome = self._outcome(job, result)
-        self._finish([(job, outcome)])
+            return (CLOSE_FAIL, None, error_text(exc))
+        except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt, CancelledError, ...
+            return self._interrupted(job, exc)
+
+    def _interrupted(self, job: Job, exc: BaseException) -> Outcome | object:
+        """The outcome of an attempt whose handler raised ``exc`` (anything but TerminalError).
+
+        A CancelledError after this claimer cancelled the task is no failure:
+        a stale attempt (rescued, closed elsewhere) writes nothing, an attempt
+        with a cancel request ends as cancelled. Anything else retries.
+        """
+        if isinstance(exc, asyncio.CancelledError):
+            if job.is_abandoned():
+                return STALE
+            if job._cancelled:  # noqa: SLF001
+                return (CLOSE_CANCEL, None, "cancelled while running (cancel requested)")
+        return (CLOSE_RETRY, None, error_text(exc))
 
     def _outcome(self, job: Job, result: object) -> Outcome:
         if result is None:
@@ -446,11 +528,92 @@ class Claimer:
                 self.held.pop(key, None)
                 self.claimed_at.pop(key, None)
                 done[i] = (job, RELEASE)
+        if self._abandoned:
+            self._abandoned_returned(done)
         self.batcher.submit_many(done)  # type: ignore[arg-type]
         with self._count_lock:
             self._outstanding -= len(done)
         if self._backlog_maybe and not self._wake.is_set() and self._outstanding <= self.config.concurrency:
             self._wake.set()
+
+    # -- attempts closed elsewhere while running -------------------------------------
+
+    def _attempts_lost(self, jobs: list[Job]) -> None:
+        """The heartbeat found these attempts stale: rescued (deadline, heartbeat timeout) or closed elsewhere.
+
+        ``job.is_cancelled()`` is already True. An async handler's task is
+        cancelled (its outcome then writes nothing); a sync handler cannot be
+        stopped: it is counted as abandoned until it returns, and what it
+        returns is discarded.
+        """
+        abandoned = []
+        for job in jobs:
+            key = (job.id, job.run_lease)
+            if self._is_async(job):
+                log.warning("attempt of job %d (run_lease %d) was rescued or closed elsewhere: cancelling its "
+                            "async handler", job.id, job.run_lease, extra={"action": "attempt_lost"})
+                self._cancel_task(job)
+            else:
+                log.warning("attempt of job %d (run_lease %d) was rescued or closed elsewhere: its sync handler "
+                            "cannot be stopped and is abandoned (job.is_cancelled() is now True)", job.id,
+                            job.run_lease, extra={"action": "attempt_lost"})
+                abandoned.append(key)
+        if abandoned:
+            with self._abandoned_lock:
+                self._abandoned.update(k for k in abandoned if k in self.held)
+            self._publish_abandoned()
+
+    def _attempts_cancel_requested(self, jobs: list[Job]) -> None:
+        """An operator asked to cancel these running attempts: cancel the async ones' tasks."""
+        for job in jobs:
+            if self._is_async(job):
+                log.info("cancel requested for job %d (run_lease %d): cancelling its async handler", job.id,
+                         job.run_lease, extra={"action": "attempt_cancel"})
+                self._cancel_task(job)
+
+    def _cancel_task(self, job: Job) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+
+        def cancel() -> None:
+            task = getattr(job, "_task", None)
+            if task is not None and not task.done():
+                task.cancel()
+        try:
+            loop.call_soon_threadsafe(cancel)
+        except RuntimeError:  # the loop is closed: nothing runs there any more
+            pass
+
+    def _abandoned_returned(self, done: list[tuple[Job, Outcome | object]]) -> None:
+        """Abandoned sync handlers that returned: nothing to write, and no longer counted."""
+        changed = False
+        with self._abandoned_lock:
+            for i, (job, _) in enumerate(done):
+                key = (job.id, job.run_lease)
+                if key in self._abandoned:
+                    self._abandoned.discard(key)
+                    done[i] = (job, STALE)
+                    changed = True
+        if changed:
+            self._publish_abandoned()
+
+    def _publish_abandoned(self) -> None:
+        if self.shm is not None:
+            self.shm.set_abandoned(len(self._abandoned))
+
+    def _thread_died(self, what: str, exc: BaseException) -> None:
+        """A thread the claimer cannot run without died: stop claiming and exit non-zero."""
+        if self._died is None:
+            self._died = what
+        self.stop()  # first: nothing below may keep the claimer from stopping
+        try:
+            detail = error_text(exc)
+        except BaseException:  # noqa: BLE001
+            detail = type(exc).__name__
+        log.error("%s died (%s); stopping this claimer so the supervisor restarts it "
+                  "(its open attempts will be rescued)", what, detail, exc_info=exc,
+                  extra={"action": "thread_died"})
 
     # -- the runtime interface used by Job -------------------------------------------
 
@@ -474,6 +637,10 @@ class Claimer:
             self.stats[key] += n
 
     def _flushed(self, report: FlushReport) -> None:
+        if self._abandoned:  # found stale after its handler had returned: its outcome is flushed now
+            with self._abandoned_lock:
+                self._abandoned.difference_update((j.id, j.run_lease) for j, _ in report.jobs)
+            self._publish_abandoned()
         st = dict.fromkeys(self.stats, 0)
         st["batches"] = 1
         e2e: list[float] = []
@@ -616,7 +783,8 @@ class Claimer:
             t.join(max(0.0, deadline - time.monotonic()))
         clean = not any(t.is_alive() for t in self._threads)
         if self._loop is not None:
-            while self._outstanding > 0 and time.monotonic() < deadline:
+            alive = self._loop_thread is not None and self._loop_thread.is_alive()
+            while alive and self._outstanding > 0 and time.monotonic() < deadline:
                 time.sleep(0.01)
             clean = clean and self._outstanding == 0
             self._loop.call_soon_threadsafe(self._loop.stop)
@@ -630,6 +798,9 @@ class Claimer:
         if self.batcher.died:
             log.error("the completion batcher died; exiting so the attempts are rescued",
                       extra={"action": "batcher_died"})
+            return 1
+        if self._died is not None:
+            log.error("exiting with code 1: %s died", self._died, extra={"action": "thread_died"})
             return 1
         if self.batcher.dropped:
             log.error("%d outcomes could not be written; their attempts will be rescued",

@@ -219,6 +219,10 @@ _R_COUNTS = 112
 _R_IN_FLIGHT = _R_COUNTS + 8 * COUNTERS.index("in_flight")
 _R_HIST = {"pickup": 208, "e2e": 536}
 _R_USED = 864
+# In the record's reserved tail (zero in a segment made before it existed, so the
+# layout version stays 1): sync handlers whose attempt was rescued or closed
+# elsewhere and that still run ("abandoned, still running"), a gauge.
+_R_ABANDONED = _R_USED
 
 assert _HEADER.size == HEADER_SIZE
 assert 8 + _RING_BODY.size == RING_SIZE and _RING_HEAD.size == 72 and _RING_ONE.size == 80
@@ -713,6 +717,18 @@ class ClaimerRecord:
             _F64.pack_into(buf, off + _R_ALIVE, now)
             _SEQ.pack_into(buf, off, seq + 1)
 
+    def set_abandoned(self, n: int) -> None:
+        """Set the abandoned gauge: sync handlers still running although their attempt was rescued."""
+        buf = self._buf()
+        off = self._off
+        now = time.time()
+        with self._lock:
+            seq = _odd_version(buf, off)
+            _SEQ.pack_into(buf, off, seq)
+            _U64.pack_into(buf, off + _R_ABANDONED, max(n, 0))
+            _F64.pack_into(buf, off + _R_ALIVE, now)
+            _SEQ.pack_into(buf, off, seq + 1)
+
     def observe_latency(self, which: str, seconds_list: Sequence[float]) -> None:
         """Add samples (seconds) to the 'pickup' or 'e2e' histogram in one seqlock write."""
         hoff = _R_HIST.get(which)
@@ -742,8 +758,8 @@ class ClaimerRecord:
 
     def read(self) -> dict[str, Any]:
         """The record as a plain dict (counters, histograms with percentiles, ``torn``)."""
-        data, torn = _read_consistent(self._buf(), self._off, _R_USED)
-        v = _REC_ALL.unpack(data)
+        data, torn = _read_consistent(self._buf(), self._off, _R_ABANDONED + 8)
+        v = _REC_ALL.unpack_from(data)
         state = v[3]
         out: dict[str, Any] = {
             "index": self.index,
@@ -769,6 +785,7 @@ class ClaimerRecord:
                 "buckets": counts,
             }
             pos += HIST_BUCKETS + 1
+        out["abandoned"] = _U64.unpack_from(data, _R_ABANDONED)[0]
         out["torn"] = torn
         return out
 

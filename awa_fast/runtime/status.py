@@ -86,7 +86,7 @@ def format_status(data: dict[str, Any]) -> str:
         for c in sup.get("claimers", []):
             lines.append(f"claimer {c.get('queue')}#{c.get('stripe')} pid {c.get('pid')} {c.get('state')}: "
                          f"claimed {c.get('claimed')} completed {c.get('completed')} stale {c.get('stale')} "
-                         f"in flight {c.get('in_flight')}")
+                         f"in flight {c.get('in_flight')} abandoned, still running {c.get('abandoned', 0)}")
     return "\n".join(lines)
 
 

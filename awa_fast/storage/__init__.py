@@ -101,6 +101,10 @@ CLOSE_CANCEL = 3
 CLOSE_RETRY = 4
 CLOSE_SNOOZE = 5
 
+# Longest per-attempt deadline queue_configure accepts (ten years, like delays).
+_MAX_DEADLINE_S = 10 * 365 * 86400.0
+DEFAULT_DEADLINE_S = 3600.0  # queue_meta.deadline default (sql/0005_runtime_hardening.sql)
+
 _READY_COPY = "COPY __SCHEMA__.ready_entries_{slot} (ready_slot, lane_id, lane_seq, job_id, kind, args, metadata, attempt, max_attempts, lease_base) FROM STDIN (FORMAT binary)"
 _DONE_COPY = "COPY __SCHEMA__.done_entries (ready_slot, job_id, lane_id, lane_seq, run_lease, attempt, state, queue, kind) FROM STDIN (FORMAT binary)"
 _DONE_RESULT_COPY = "COPY __SCHEMA__.done_entries (ready_slot, job_id, lane_id, lane_seq, run_lease, attempt, state, queue, kind, result) FROM STDIN (FORMAT binary)"
@@ -538,12 +542,23 @@ class Storage:
                         deadline: float | None | bool = False, heartbeat_timeout: float | None = None,
                         aging_interval: float | None = None, dlq_retention: float | None = None,
                         history_retention: float | None = None) -> None:
-        """Change queue settings; ``deadline=None`` removes the deadline, ``False`` keeps it.
+        """Change queue settings; ``None`` keeps a setting, except ``deadline``.
 
-        ``history_retention`` (seconds, >= 0): how long this queue's terminal
-        jobs stay visible at least (the ready ring is shared: it keeps
-        history for the longest retention of any queue).
+        ``deadline`` is seconds from claim to rescue of an attempt (a new
+        queue has 3600); ``0`` or ``None`` means no deadline, ``False`` (the
+        default) keeps the current one. A negative or non-finite deadline
+        raises :class:`~awa_fast.errors.OutOfRange`. ``history_retention``
+        (seconds): how long this queue's terminal jobs stay visible at least
+        (the ready ring is shared: it keeps history for the longest
+        retention of any queue).
         """
+        if deadline is not False and deadline is not None:
+            if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) \
+                    or not 0 <= deadline <= _MAX_DEADLINE_S:
+                from awa_fast.errors import OutOfRange
+
+                raise OutOfRange("deadline", deadline, 0, _MAX_DEADLINE_S)
+            deadline = float(deadline) or None  # 0: no deadline
         self.queue_ensure(conn, queue)
         conn.execute(self.q["queue_configure"], {
             "queue": queue, "stripes": stripes, "enqueue_shards": enqueue_shards, "dlq_enabled": dlq_enabled,
@@ -552,7 +567,7 @@ class Storage:
             "dlq_retention": dlq_retention, "history_retention": history_retention})
 
     def queue_list(self, conn: psycopg.Connection) -> list[dict[str, Any]]:
-        """Settings of every known queue."""
+        """Settings of every known queue; ``deadline_s`` is None when the queue has no deadline."""
         keys = ("queue", "paused", "stripes", "enqueue_shards", "dlq_enabled", "deadline_s", "heartbeat_timeout_s",
                 "history_retention_s")
         return [dict(zip(keys, r)) for r in conn.execute(self.q["queue_list"]).fetchall()]

@@ -4,7 +4,8 @@ RetryAfter consumes an attempt, Snooze does not, Cancel ends as cancelled,
 WaitForCallback parks the attempt until ``App.complete_callback`` /
 ``fail_callback`` / ``retry_callback`` / ``resume_callback`` resolves it,
 TerminalError and exhausted attempts go to the DLQ, and an unknown kind
-goes to the DLQ with a reason that names it.
+is retried (with backoff) until its attempts run out, then goes to the DLQ
+with a reason that names it (max_attempts=1 here: at once).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def test_each_outcome_reaches_the_right_state_with_the_right_attempt(pg_dsn, sch
         cancel = e("rt.cancel")
         terminal = e("rt.terminal")
         exhaust = e("rt.fail", max_attempts=2)
-        unknown = e("rt.nobody_handles_this")
+        unknown = e("rt.nobody_handles_this", max_attempts=1)
         cb_complete = e("rt.callback", {"tag": "complete"})
         cb_fail = e("rt.callback", {"tag": "fail"})
         cb_retry = e("rt.callback", {"tag": "retry"})
@@ -87,7 +88,7 @@ def test_each_outcome_reaches_the_right_state_with_the_right_attempt(pg_dsn, sch
         job = _state(storage, conn, terminal, "dlq", sup)
         assert job["attempt"] == 1 and "bad input, never retry" in job["error"], job
 
-        # Unknown kind: DLQ with a reason naming the kind.
+        # Unknown kind, no attempt left: DLQ with a reason naming the kind.
         job = _state(storage, conn, unknown, "dlq", sup)
         assert job["attempt"] == 1, job
         assert "no handler registered" in job["error"] and "rt.nobody_handles_this" in job["error"], job
@@ -154,7 +155,7 @@ def test_each_outcome_reaches_the_right_state_with_the_right_attempt(pg_dsn, sch
     assert flushed(snooze) == [(1, "snoozed"), (2, "snoozed"), (3, "completed")]
     assert flushed(cancel) == [(1, "cancelled")]
     assert flushed(terminal) == [(1, "failed")]
-    assert flushed(unknown) == [(1, "failed")]
+    assert flushed(unknown) == [(1, "retried")]  # a retry; the database made it the DLQ entry
     # what the worker wrote: a retry; the database turned the last one into the DLQ entry
     assert flushed(exhaust) == [(1, "retried"), (2, "retried")]
     for r in runlog.entries("flush"):
@@ -170,7 +171,7 @@ def test_unknown_kind_goes_to_the_dlq_in_an_app_with_only_async_handlers(pg_dsn,
                         queues=[f"{QUEUE}:stripes=1,concurrency=4"]) as sup:
         sup.wait_running(1)
         known = enqueue_one(pg_dsn, schema, "rt.async")
-        unknown = enqueue_one(pg_dsn, schema, "rt.not_registered_here")
+        unknown = enqueue_one(pg_dsn, schema, "rt.not_registered_here", max_attempts=1)
         _state(storage, conn, known, "completed", sup)
         job = _state(storage, conn, unknown, "dlq", sup, timeout=5)
         assert "no handler registered" in job["error"], job

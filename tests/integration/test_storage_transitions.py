@@ -530,7 +530,7 @@ def test_rescue_after_heartbeat_and_exhausted_rescue(schema, storage, conn):
 
 
 def test_deadline_rescue(schema, storage, conn):
-    storage.queue_configure(conn, Q, deadline=0.0)
+    storage.queue_configure(conn, Q, deadline=1e-6)  # 0 means no deadline
     job = enqueue(schema, conn, Q)
     snap = claim_one(storage, conn)
     assert storage.receipt_rescue_stale(conn) == 1
