@@ -1438,34 +1438,41 @@ CREATE OR REPLACE FUNCTION __SCHEMA__.limit_open_receipts(p_queue text, p_open_s
  STABLE
 AS $function$
     WITH lanes AS (
-        SELECT e.lane_id AS lid, COALESCE(s.seq, 0) AS seen
+        SELECT e.lane_id AS lid, COALESCE(s.seq, 0) AS seen, e.enqueue_seq
         FROM __SCHEMA__.queue_enqueue_heads e
         LEFT JOIN unnest(p_seen_lanes, p_seen_seqs) AS s(lid, seq) ON s.lid = e.lane_id
         WHERE e.queue = p_queue
     ), fresh AS (
-        -- Index: lease_claims_lane (lane_id, last_seq); only lanes whose
-        -- enqueue head is past the mark can have a receipt past it
-        SELECT c.claim_slot AS cs, c.claim_id AS cid, c.lane_id AS lid, c.last_seq
+        -- only lanes whose enqueue head is past the mark can have a receipt
+        -- past it; Index: lease_claims_lane (lane_id, last_seq), both bounds
+        -- in the index condition (OFFSET 0: a parameterized range per lane)
+        SELECT f.cs, f.cid, l.lid, f.last_seq
         FROM lanes l
-        JOIN __SCHEMA__.queue_enqueue_heads e ON e.lane_id = l.lid
-        JOIN __SCHEMA__.lease_claims c ON c.lane_id = l.lid AND c.last_seq > l.seen
-        WHERE pg_sequence_last_value(e.enqueue_seq) > l.seen
+        CROSS JOIN LATERAL (
+            SELECT c.claim_slot AS cs, c.claim_id AS cid, c.last_seq FROM __SCHEMA__.lease_claims c
+            WHERE c.lane_id = l.lid AND c.last_seq > l.seen
+            OFFSET 0) f
+        WHERE pg_sequence_last_value(l.enqueue_seq) > l.seen
     ), cand AS (
         SELECT u.cs, u.cid FROM unnest(p_open_slots, p_open_ids) AS u(cs, cid)
         UNION
         SELECT f.cs, f.cid FROM fresh f
     )
-    SELECT c.claim_slot, c.claim_id, c.lane_id, NULL::bigint, o.n::int
+    SELECT c.claim_slot, c.claim_id, c.lane_id, NULL::bigint, c.n::int
     FROM cand k
-    JOIN __SCHEMA__.lease_claims c ON c.claim_slot = k.cs AND c.claim_id = k.cid
     CROSS JOIN LATERAL (
-        SELECT count(*) AS n FROM unnest(c.job_ids, c.run_leases) AS u(j, l)
-        WHERE NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closures x
-                          WHERE x.claim_slot = c.claim_slot AND x.claim_id = c.claim_id
-                            AND x.job_id = u.j AND x.run_lease = u.l)) o
-    WHERE o.n > 0
-      AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closure_batches b
-                      WHERE b.claim_slot = c.claim_slot AND b.claim_id = c.claim_id)
+        -- primary-key probes, one partition each (run-time pruning on k.cs);
+        -- OFFSET 0 keeps them probes: flattened, the planner hash-joins a
+        -- seq scan of every live receipt
+        SELECT r.claim_slot, r.claim_id, r.lane_id,
+               cardinality(r.job_ids) - (SELECT count(*) FROM __SCHEMA__.lease_claim_closures x
+                                         WHERE x.claim_slot = r.claim_slot AND x.claim_id = r.claim_id) AS n
+        FROM __SCHEMA__.lease_claims r
+        WHERE r.claim_slot = k.cs AND r.claim_id = k.cid
+          AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closure_batches b
+                          WHERE b.claim_slot = r.claim_slot AND b.claim_id = r.claim_id)
+        OFFSET 0) c
+    WHERE c.n > 0
     UNION ALL
     SELECT NULL, NULL, l.lid, greatest(l.seen, COALESCE((SELECT max(f.last_seq) FROM fresh f WHERE f.lid = l.lid), 0)), NULL
     FROM lanes l
