@@ -23,6 +23,7 @@ from awa_fast.errors import (
     UnknownJob,
 )
 from awa_fast.jobs import AttemptClosed, Cancel, ClaimSnapshot, RetryAfter, Snooze, WaitForCallback
+from awa_fast.limits import Rate
 
 __impl__: str = _impl.IMPL
 __version__ = "0.1.0"
@@ -40,6 +41,7 @@ __all__ = [
     "LeaseLost",
     "OutOfRange",
     "PayloadError",
+    "Rate",
     "RetryAfter",
     "SchemaNotMigrated",
     "SchemaTooNew",
