@@ -247,7 +247,13 @@ LANGUAGE sql STABLE AS $$
     ORDER BY l.queue
 $$;
 
-ALTER FUNCTION __SCHEMA__.lane_claim_limited(text, int, int, int) SET plan_cache_mode = force_generic_plan;
+-- Generic plans (as 0003 pins for every PL/pgSQL function), and no JIT:
+-- the planner costs the probes over every ring partition high enough to
+-- cross jit_above_cost, and compiling them took ~180 ms per call at 1,000
+-- open receipts for ~10 ms of execution.
+ALTER FUNCTION __SCHEMA__.lane_claim_limited(text, int, int, int)
+    SET plan_cache_mode = force_generic_plan SET jit = off;
+ALTER FUNCTION __SCHEMA__.queue_limit_status() SET jit = off;
 
 -- Roles an earlier runtime_grant covered hold EXECUTE on the claim; give
 -- them the functions above (tables are covered by its default privileges).

@@ -1120,6 +1120,7 @@ CREATE OR REPLACE FUNCTION __SCHEMA__.lane_claim_limited(p_queue text, p_max int
  RETURNS TABLE(job_id bigint, run_lease integer, attempt integer, max_attempts integer, queue text, kind text, priority integer, args jsonb, metadata jsonb, ready_slot integer, lane_id integer, lane_seq bigint, claim_slot integer, claim_id bigint, created_at timestamp with time zone, errors jsonb, callback_result jsonb)
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
+ SET jit TO 'off'
 AS $function$
 DECLARE
     v_lim __SCHEMA__.queue_limits%ROWTYPE;
@@ -1565,6 +1566,7 @@ CREATE OR REPLACE FUNCTION __SCHEMA__.queue_limit_status()
  RETURNS TABLE(queue text, max_running integer, rate_count double precision, rate_per double precision, rate_burst double precision, running bigint, tokens double precision)
  LANGUAGE sql
  STABLE
+ SET jit TO 'off'
 AS $function$
     SELECT l.queue, l.max_running, l.rate_count, l.rate_per, l.rate_burst,
         (SELECT COALESCE(sum(o.open_n), 0) FROM __SCHEMA__.limit_open_receipts(l.queue,
