@@ -259,3 +259,24 @@ def test_without_a_limit_the_claimer_calls_the_plain_claim(pg_dsn, schema, stora
         claimer.stop()
         t.join(30)
     assert calls["plain"] >= 1 and calls["limited"] == 0, calls
+
+
+def test_async_twins_and_keep(pg_dsn, schema, storage, conn):
+    import asyncio
+
+    import psycopg
+
+    async def go():  # noqa: ANN202
+        async with await psycopg.AsyncConnection.connect(
+                pg_dsn, autocommit=True, application_name=f"awa_fast:test:{schema}:async") as ac:
+            lim = await storage.queue_limits_set_async(ac, "a", max_running=3)
+            assert (lim.max_running, lim.max_rate) == (3, None)
+            lim = await storage.queue_limits_set_async(ac, "a", max_rate=Rate(5, per=2.0))  # keeps max_running
+            assert (lim.max_running, lim.max_rate) == (3, Rate(5.0, per=2.0, burst=5.0))
+            assert (await storage.queue_limits_get_async(ac, "nope")) is None
+            return await storage.queue_limit_status_async(ac)
+
+    status = asyncio.run(go())
+    assert status == {"a": {"max_running": 3, "rate": {"count": 5.0, "per": 2.0, "burst": 5.0}, "running": 0,
+                            "tokens": 5.0}}
+    assert storage.queue_limit_status(conn) == status
