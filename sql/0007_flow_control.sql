@@ -190,7 +190,8 @@ BEGIN
     -- the state row once (only when something changed), and end with the
     -- backlog marker when the inner claim sent one or a limit cut the claim
     -- short while some lane still holds unclaimed rows (past its effective
-    -- cursor: the claim cursor or, when it lags, its lane's last receipt).
+    -- cursor: the claim cursor or, when it lags, its lane's last receipt)
+    -- and the queue is not paused.
     RETURN QUERY
     WITH c AS MATERIALIZED (
         SELECT * FROM __SCHEMA__.claim_batch_v2(p_queue, v_allow, p_stripe, p_stripes)  -- INNER CLAIM (the one call of the current claim function)
@@ -214,7 +215,9 @@ BEGIN
         NULL::jsonb, NULL::int, NULL::int, NULL::bigint, NULL::int, NULL::bigint, NULL::timestamptz,
         NULL::jsonb, NULL::jsonb
     FROM t
-    WHERE t.marker OR (v_limited AND v_allow < p_max AND t.n >= v_allow AND EXISTS (
+    WHERE t.marker OR (v_limited AND v_allow < p_max AND t.n >= v_allow
+        AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.queue_meta m WHERE m.queue = p_queue AND m.paused)
+        AND EXISTS (
         SELECT 1 FROM __SCHEMA__.queue_claim_heads h
         JOIN __SCHEMA__.queue_enqueue_heads e ON e.lane_id = h.lane_id
         CROSS JOIN LATERAL (SELECT pg_sequence_last_value(h.claim_seq) AS cur) q0

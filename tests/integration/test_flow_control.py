@@ -184,6 +184,9 @@ def test_claim_bookkeeping(pg_dsn, schema, storage, conn):
     # max_running=0 stops claims; removing the limit goes back to the plain claim
     storage.queue_limits_set(conn, Q, max_running=0)
     assert _claim(storage, conn, 100) == ([], True)
+    storage.queue_pause(conn, Q, True)  # paused: no "come back" either
+    assert _claim(storage, conn, 100) == ([], False)
+    storage.queue_pause(conn, Q, False)
     storage.queue_limits_set(conn, Q, max_running=None)
     assert storage.queue_limits_get(conn, Q).limited is False
     rest, _ = _claim(storage, conn, 1000)
