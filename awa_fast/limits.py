@@ -26,11 +26,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import psycopg
+
 from awa_fast.errors import ConfigError
 
 if TYPE_CHECKING:
-    import psycopg
-
     from awa_fast.jobs import ClaimSnapshot
     from awa_fast.storage import Storage
 
@@ -137,8 +137,6 @@ class LimitWatch:
         now = time.monotonic()
         if now - self._read_at >= self.refresh:
             self._read_at = now
-            import psycopg
-
             try:
                 self.limits = self.storage.queue_limits_get(conn, self.queue)
             except psycopg.Error:
