@@ -32,6 +32,7 @@ from awa_fast.errors import (
     UnknownJob,
 )
 from awa_fast.jobs import AttemptClosed, Cancel, ClaimSnapshot, Job, RetryAfter, Snooze, WaitForCallback
+from awa_fast.limits import Rate
 from awa_fast.records import JOB_STATES, TERMINAL_STATES, DlqEntry, JobInfo, QueueSettings
 
 __impl__: str = _impl.IMPL
@@ -61,6 +62,7 @@ __all__ = [
     "OutOfRange",
     "PayloadError",
     "QueueSettings",
+    "Rate",
     "RetryAfter",
     "SchemaNotMigrated",
     "SchemaTooNew",

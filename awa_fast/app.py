@@ -34,6 +34,7 @@ from awa_fast.client import (
 )
 from awa_fast.errors import ConfigError, DatabaseUnavailable, JobNotCompleted, OutOfRange, UnknownJob
 from awa_fast.jobs import AttemptClosed, JobSpec
+from awa_fast.limits import KEEP, Rate
 from awa_fast.records import JOB_STATES, DlqEntry, JobInfo, QueueSettings, flag, int_in, seconds
 from awa_fast.storage import connect, redact_dsn
 
@@ -44,17 +45,7 @@ DEFAULT_SCHEMA = "awa_fast"
 JOB_ID_MAX = 2**63 - 1
 LIST_LIMIT_MAX = 10_000
 
-
-class _Keep:
-    """Marker: leave this setting as it is."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "KEEP"
-
-
-KEEP: Any = _Keep()
+# KEEP: a configure argument left as it is (one object, shared with awa_fast.limits).
 
 
 # -- the one DSN and schema rule (the CLI and supervise use these too) ------------------
@@ -566,7 +557,8 @@ class App(Client):
     def configure_queue(self, name: str, *, deadline: float | None = KEEP, heartbeat_timeout: float | None = None,
                         dlq: bool | None = None, dlq_retention: float | None = None,
                         aging_interval: float | None = None, enqueue_shards: int | None = None,
-                        history_retention: float | None = None,
+                        history_retention: float | None = None, max_running: int | None = KEEP,
+                        max_rate: Rate | None = KEEP,
                         conn: psycopg.Connection | None = None) -> QueueSettings:
         """Create or change a queue's settings; returns them as stored.
 
@@ -575,24 +567,31 @@ class App(Client):
         ``history_retention`` (seconds) is how long the queue's terminal jobs
         stay visible to :meth:`get_job` at least; the ready ring rotates so
         that the longest retention of any queue holds (see docs/storage.md
-        for the disk cost).
+        for the disk cost). ``max_running`` (jobs running at once over every
+        worker) and ``max_rate`` (:class:`awa_fast.Rate`) are enforced in the
+        claim, fleet-wide; None removes a limit (docs/flow-control.md).
         """
         kw = self._settings_args(name, deadline, heartbeat_timeout, dlq, dlq_retention, aging_interval,
                                  enqueue_shards, history_retention)
         with self._conn_scope(conn) as c, (c.transaction() if c.autocommit else contextlib.nullcontext()):
             self.storage.queue_configure(c, name, **kw)
+            if max_running is not KEEP or max_rate is not KEEP:
+                self.storage.queue_limits_set(c, name, max_running=max_running, max_rate=max_rate)
             return QueueSettings.from_row(self.storage.queue_settings(c, name)[0])
 
     async def configure_queue_async(self, name: str, *, deadline: float | None = KEEP,
                                     heartbeat_timeout: float | None = None, dlq: bool | None = None,
                                     dlq_retention: float | None = None, aging_interval: float | None = None,
                                     enqueue_shards: int | None = None, history_retention: float | None = None,
+                                    max_running: int | None = KEEP, max_rate: Rate | None = KEEP,
                                     conn: psycopg.AsyncConnection | None = None) -> QueueSettings:
         """Async twin of :meth:`configure_queue`."""
         kw = self._settings_args(name, deadline, heartbeat_timeout, dlq, dlq_retention, aging_interval,
                                  enqueue_shards, history_retention)
         async with self._aconn_scope(conn) as c, (c.transaction() if c.autocommit else contextlib.nullcontext()):
             await self.storage.queue_configure_async(c, name, **kw)
+            if max_running is not KEEP or max_rate is not KEEP:
+                await self.storage.queue_limits_set_async(c, name, max_running=max_running, max_rate=max_rate)
             return QueueSettings.from_row((await self.storage.queue_settings_async(c, name))[0])
 
     @staticmethod

@@ -347,11 +347,28 @@ def cmd_queue(args: argparse.Namespace) -> int:
         elif args.action == "configure":
             from awa_fast.app import KEEP
 
+            from awa_fast.limits import check_max_running, parse_rate
+
             deadline: Any = KEEP if args.deadline is None else (None if args.deadline == 0 else args.deadline)
+            if args.burst is not None and args.max_rate is None:
+                raise ConfigError("--burst needs --max-rate (e.g. --max-rate 100/1s --burst 20)")
+            if args.max_running is None:
+                max_running: Any = KEEP
+            elif args.max_running == "none":
+                max_running = None
+            else:
+                try:
+                    max_running = check_max_running(int(args.max_running))
+                except ValueError:
+                    raise ConfigError(f"--max-running {args.max_running!r}: use an integer >= 0, "
+                                      "or 'none' to remove the limit") from None
+            rate: Any = KEEP if args.max_rate is None else (
+                None if args.max_rate == "none" else parse_rate(args.max_rate, args.burst))
             s = app.configure_queue(args.name, deadline=deadline, heartbeat_timeout=args.heartbeat_timeout,
                                     dlq=args.dlq, dlq_retention=args.dlq_retention,
                                     aging_interval=args.aging_interval, enqueue_shards=args.enqueue_shards,
-                                    history_retention=args.history_retention, conn=conn)
+                                    history_retention=args.history_retention, max_running=max_running,
+                                    max_rate=rate, conn=conn)
             _out(args, s.to_dict(), _queue_text(s))
         else:
             paused = args.action == "pause"
@@ -589,7 +606,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--aging-interval", type=_duration)
     sp.add_argument("--enqueue-shards", type=_int_range(1, 64))
     sp.add_argument("--history-retention", type=_duration,
-                    help="validated, not applied yet (terminal history lives until its ready slot is pruned)")
+                    help="seconds terminal jobs stay visible at least (the ready ring keeps the longest of all queues)")
+    sp.add_argument("--max-running", help="at most N of this queue's jobs running at once over every worker; "
+                                          "'none' removes the limit")
+    sp.add_argument("--max-rate", help="at most COUNT/PERIOD jobs started, e.g. 100/1s; 'none' removes the limit")
+    sp.add_argument("--burst", type=float, help="with --max-rate: jobs that may start at once (default COUNT)")
     sp.set_defaults(func=cmd_queue)
     for action, text in (("pause", "stop claims on a queue (running jobs finish)"),
                          ("resume", "let claims on a paused queue start again")):

@@ -417,3 +417,32 @@ FROM pg_stat_activity
 WHERE datname = current_database() AND application_name LIKE 'awa\_fast:%'
 GROUP BY 1, 2, 3
 ORDER BY 3, 2
+
+-- Flow control (sql/0007_flow_control.sql, docs/flow-control.md) ---------------------
+
+-- name: lane_claim_limited
+-- Claim through the limits of a limited queue (max_running, token bucket) in one call; same rows as
+-- lane_claim, the backlog marker also when a limit cut the claim short while work remains.
+SELECT job_id, run_lease, attempt, max_attempts, queue, kind, priority, args, metadata, ready_slot,
+       lane_id, lane_seq, claim_slot, claim_id, created_at, errors, callback_result, progress
+FROM __SCHEMA__.lane_claim_limited(%s::text, %s::int, %s::int, %s::int)
+
+-- name: queue_limits_get
+-- The flow-control settings of one queue (no row: no limit). Primary key probe; read by claimers every few s.
+SELECT max_running, rate_count, rate_per, rate_burst FROM __SCHEMA__.queue_limits WHERE queue = %s
+
+-- name: queue_limits_set
+-- Set a queue's limits (operators only; a row whose limits are all NULL means no limit).
+INSERT INTO __SCHEMA__.queue_limits AS l (queue, max_running, rate_count, rate_per, rate_burst)
+VALUES (%(queue)s, %(max_running)s, %(rate_count)s, %(rate_per)s, %(rate_burst)s)
+ON CONFLICT (queue) DO UPDATE SET
+    max_running = CASE WHEN %(keep_running)s THEN l.max_running ELSE excluded.max_running END,
+    rate_count = CASE WHEN %(keep_rate)s THEN l.rate_count ELSE excluded.rate_count END,
+    rate_per = CASE WHEN %(keep_rate)s THEN l.rate_per ELSE excluded.rate_per END,
+    rate_burst = CASE WHEN %(keep_rate)s THEN l.rate_burst ELSE excluded.rate_burst END,
+    updated_at = now()
+
+-- name: queue_limit_status
+-- Per limited queue: limits, running now (derived like the claim, no write), tokens left now.
+SELECT queue, max_running, rate_count, rate_per, rate_burst, running, tokens
+FROM __SCHEMA__.queue_limit_status()

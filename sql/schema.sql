@@ -4,7 +4,7 @@
 -- tests/integration/test_schema_snapshot.py fails when it is out of date.
 -- Rings installed with 4 slots each; owners omitted; names in C order.
 
--- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening
+-- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control
 
 
 ---------------------------------------------------------------------------
@@ -238,6 +238,34 @@ CREATE TABLE __SCHEMA__.queue_lanes (
     CONSTRAINT queue_lanes_queue_priority_shard_key UNIQUE (queue, priority, shard),
     CONSTRAINT queue_lanes_priority_check CHECK (priority >= 1 AND priority <= 4),
     CONSTRAINT queue_lanes_shard_check CHECK (shard >= 0 AND shard <= 63)
+);
+
+CREATE TABLE __SCHEMA__.queue_limit_state (
+    queue text NOT NULL,
+    tokens double precision NOT NULL,
+    refilled_at timestamp with time zone NOT NULL,
+    open_slots smallint[] DEFAULT '{}'::smallint[] NOT NULL,
+    open_ids bigint[] DEFAULT '{}'::bigint[] NOT NULL,
+    seen_lanes integer[] DEFAULT '{}'::integer[] NOT NULL,
+    seen_seqs bigint[] DEFAULT '{}'::bigint[] NOT NULL,
+    running integer DEFAULT 0 NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT queue_limit_state_pkey PRIMARY KEY (queue)
+) WITH (fillfactor=50);
+
+CREATE TABLE __SCHEMA__.queue_limits (
+    queue text NOT NULL,
+    max_running integer,
+    rate_count double precision,
+    rate_per double precision,
+    rate_burst double precision,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT queue_limits_pkey PRIMARY KEY (queue),
+    CONSTRAINT queue_limits_check CHECK ((rate_count IS NULL) = (rate_per IS NULL) AND (rate_count IS NULL) = (rate_burst IS NULL)),
+    CONSTRAINT queue_limits_max_running_check CHECK (max_running >= 0),
+    CONSTRAINT queue_limits_rate_burst_check CHECK (rate_burst >= 1::double precision),
+    CONSTRAINT queue_limits_rate_count_check CHECK (rate_count > 0::double precision),
+    CONSTRAINT queue_limits_rate_per_check CHECK (rate_per > 0::double precision)
 );
 
 CREATE TABLE __SCHEMA__.queue_meta (
@@ -1414,6 +1442,103 @@ BEGIN
         'result', NULL);
 END $function$;
 
+CREATE OR REPLACE FUNCTION __SCHEMA__.lane_claim_limited(p_queue text, p_max integer, p_stripe integer DEFAULT 0, p_stripes integer DEFAULT 1)
+ RETURNS TABLE(job_id bigint, run_lease integer, attempt integer, max_attempts integer, queue text, kind text, priority integer, args jsonb, metadata jsonb, ready_slot integer, lane_id integer, lane_seq bigint, claim_slot integer, claim_id bigint, created_at timestamp with time zone, errors jsonb, callback_result jsonb, progress jsonb)
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET jit TO 'off'
+AS $function$
+DECLARE
+    v_lim __SCHEMA__.queue_limits%ROWTYPE;
+    v_st __SCHEMA__.queue_limit_state%ROWTYPE;
+    v_now timestamptz;
+    v_tokens float8;
+    v_running int := 0;
+    v_allow int := greatest(p_max, 0);
+    v_limited boolean;
+    v_changed boolean := false;
+    v_open_slots smallint[];
+    v_open_ids bigint[];
+    v_seen_lanes int[];
+    v_seen_seqs bigint[];
+BEGIN
+    SELECT * INTO v_lim FROM __SCHEMA__.queue_limits l WHERE l.queue = p_queue;
+    v_limited := FOUND AND (v_lim.max_running IS NOT NULL OR v_lim.rate_count IS NOT NULL) AND p_max > 0;
+    IF v_limited THEN
+        -- one claim at a time per limited queue: nobody else can see the same room
+        PERFORM pg_advisory_xact_lock(__SCHEMA__.lock_key('limit'), hashtext(p_queue));
+        v_now := clock_timestamp();  -- read after the wait: serialized refills only move forward
+        SELECT * INTO v_st FROM __SCHEMA__.queue_limit_state s WHERE s.queue = p_queue;
+        IF NOT FOUND THEN
+            INSERT INTO __SCHEMA__.queue_limit_state (queue, tokens, refilled_at)
+            VALUES (p_queue, COALESCE(v_lim.rate_burst, 0), v_now)
+            RETURNING * INTO v_st;
+        END IF;
+        v_open_slots := v_st.open_slots; v_open_ids := v_st.open_ids;
+        v_seen_lanes := v_st.seen_lanes; v_seen_seqs := v_st.seen_seqs;
+        IF v_lim.rate_count IS NOT NULL THEN
+            v_tokens := least(v_lim.rate_burst, v_st.tokens
+                + greatest(extract(epoch FROM v_now - v_st.refilled_at), 0) * v_lim.rate_count / v_lim.rate_per);
+            v_allow := least(v_allow, floor(v_tokens + 1e-9)::int);
+        END IF;
+        IF v_lim.max_running IS NOT NULL THEN
+            SELECT COALESCE(array_agg(o.claim_slot ORDER BY o.claim_slot, o.claim_id) FILTER (WHERE o.claim_id IS NOT NULL), '{}'),
+                   COALESCE(array_agg(o.claim_id ORDER BY o.claim_slot, o.claim_id) FILTER (WHERE o.claim_id IS NOT NULL), '{}'),
+                   COALESCE(array_agg(o.lane_id ORDER BY o.lane_id) FILTER (WHERE o.claim_id IS NULL), '{}'),
+                   COALESCE(array_agg(o.seen ORDER BY o.lane_id) FILTER (WHERE o.claim_id IS NULL), '{}'),
+                   COALESCE(sum(o.open_n), 0)
+            INTO v_open_slots, v_open_ids, v_seen_lanes, v_seen_seqs, v_running
+            FROM __SCHEMA__.limit_open_receipts(p_queue, v_st.open_slots, v_st.open_ids,
+                                                v_st.seen_lanes, v_st.seen_seqs) o;
+            -- attempts parked for a callback (receipt closed, lease live) still run
+            v_running := v_running + (SELECT count(*) FROM __SCHEMA__.leases l WHERE l.queue = p_queue);
+            v_allow := greatest(least(v_allow, v_lim.max_running - v_running), 0);
+        END IF;
+        v_changed := v_open_ids IS DISTINCT FROM v_st.open_ids OR v_open_slots IS DISTINCT FROM v_st.open_slots
+            OR v_seen_seqs IS DISTINCT FROM v_st.seen_seqs OR v_seen_lanes IS DISTINCT FROM v_st.seen_lanes;
+    END IF;
+    -- Claim what fits, pass its rows through, charge the bucket and write
+    -- the state row once (only when something changed), and end with the
+    -- backlog marker when the inner claim sent one or a limit cut the claim
+    -- short while some lane still holds unclaimed rows (past its effective
+    -- cursor: the claim cursor or, when it lags, its lane's last receipt)
+    -- and the queue is not paused.
+    RETURN QUERY
+    WITH c AS MATERIALIZED (
+        SELECT * FROM __SCHEMA__.claim_batch_v3(p_queue, v_allow, p_stripe, p_stripes)  -- INNER CLAIM (the one call of the current claim function)
+        WHERE v_allow > 0
+    ), t AS (
+        SELECT count(*) FILTER (WHERE c.job_id IS NOT NULL)::int AS n, COALESCE(bool_or(c.job_id IS NULL), false) AS marker
+        FROM c
+    ), upd AS (
+        UPDATE __SCHEMA__.queue_limit_state s SET
+            tokens = CASE WHEN v_tokens IS NULL THEN s.tokens ELSE v_tokens - t.n END,
+            refilled_at = CASE WHEN v_tokens IS NULL THEN s.refilled_at ELSE v_now END,
+            open_slots = v_open_slots, open_ids = v_open_ids, seen_lanes = v_seen_lanes, seen_seqs = v_seen_seqs,
+            running = v_running + t.n, updated_at = v_now
+        FROM t
+        WHERE v_limited AND s.queue = p_queue AND (t.n > 0 OR v_changed)
+        RETURNING 1
+    )
+    SELECT * FROM c WHERE c.job_id IS NOT NULL
+    UNION ALL
+    SELECT NULL::bigint, NULL::int, NULL::int, NULL::int, NULL::text, NULL::text, NULL::int, NULL::jsonb,
+        NULL::jsonb, NULL::int, NULL::int, NULL::bigint, NULL::int, NULL::bigint, NULL::timestamptz,
+        NULL::jsonb, NULL::jsonb, NULL::jsonb
+    FROM t
+    WHERE t.marker OR (v_limited AND v_allow < p_max AND t.n >= v_allow
+        AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.queue_meta m WHERE m.queue = p_queue AND m.paused)
+        AND EXISTS (
+        SELECT 1 FROM __SCHEMA__.queue_claim_heads h
+        JOIN __SCHEMA__.queue_enqueue_heads e ON e.lane_id = h.lane_id
+        CROSS JOIN LATERAL (SELECT pg_sequence_last_value(h.claim_seq) AS cur) q0
+        WHERE h.queue = p_queue
+          AND pg_sequence_last_value(e.enqueue_seq) > greatest(q0.cur,
+              -- Index: lease_claims_lane (lane_id, last_seq)
+              (SELECT max(x.last_seq) FROM __SCHEMA__.lease_claims x
+               WHERE x.lane_id = h.lane_id AND x.last_seq > q0.cur))));
+END $function$;
+
 CREATE OR REPLACE FUNCTION __SCHEMA__.lane_claim_seq(p_lane integer)
  RETURNS regclass
  LANGUAGE sql
@@ -1640,6 +1765,52 @@ BEGIN
     RETURN n;
 END $function$;
 
+CREATE OR REPLACE FUNCTION __SCHEMA__.limit_open_receipts(p_queue text, p_open_slots smallint[], p_open_ids bigint[], p_seen_lanes integer[], p_seen_seqs bigint[])
+ RETURNS TABLE(claim_slot smallint, claim_id bigint, lane_id integer, seen bigint, open_n integer)
+ LANGUAGE sql
+ STABLE
+AS $function$
+    WITH lanes AS (
+        SELECT e.lane_id AS lid, COALESCE(s.seq, 0) AS seen, e.enqueue_seq
+        FROM __SCHEMA__.queue_enqueue_heads e
+        LEFT JOIN unnest(p_seen_lanes, p_seen_seqs) AS s(lid, seq) ON s.lid = e.lane_id
+        WHERE e.queue = p_queue
+    ), fresh AS (
+        -- only lanes whose enqueue head is past the mark can have a receipt
+        -- past it; Index: lease_claims_lane (lane_id, last_seq), both bounds
+        -- in the index condition (OFFSET 0: a parameterized range per lane)
+        SELECT f.cs, f.cid, l.lid, f.last_seq
+        FROM lanes l
+        CROSS JOIN LATERAL (
+            SELECT c.claim_slot AS cs, c.claim_id AS cid, c.last_seq FROM __SCHEMA__.lease_claims c
+            WHERE c.lane_id = l.lid AND c.last_seq > l.seen
+            OFFSET 0) f
+        WHERE pg_sequence_last_value(l.enqueue_seq) > l.seen
+    ), cand AS (
+        SELECT u.cs, u.cid FROM unnest(p_open_slots, p_open_ids) AS u(cs, cid)
+        UNION
+        SELECT f.cs, f.cid FROM fresh f
+    )
+    SELECT c.claim_slot, c.claim_id, c.lane_id, NULL::bigint, c.n::int
+    FROM cand k
+    CROSS JOIN LATERAL (
+        -- primary-key probes, one partition each (run-time pruning on k.cs);
+        -- OFFSET 0 keeps them probes: flattened, the planner hash-joins a
+        -- seq scan of every live receipt
+        SELECT r.claim_slot, r.claim_id, r.lane_id,
+               cardinality(r.job_ids) - (SELECT count(*) FROM __SCHEMA__.lease_claim_closures x
+                                         WHERE x.claim_slot = r.claim_slot AND x.claim_id = r.claim_id) AS n
+        FROM __SCHEMA__.lease_claims r
+        WHERE r.claim_slot = k.cs AND r.claim_id = k.cid
+          AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closure_batches b
+                          WHERE b.claim_slot = r.claim_slot AND b.claim_id = r.claim_id)
+        OFFSET 0) c
+    WHERE c.n > 0
+    UNION ALL
+    SELECT NULL, NULL, l.lid, greatest(l.seen, COALESCE((SELECT max(f.last_seq) FROM fresh f WHERE f.lid = l.lid), 0)), NULL
+    FROM lanes l
+$function$;
+
 CREATE OR REPLACE FUNCTION __SCHEMA__.lock_key(p_purpose text)
  RETURNS integer
  LANGUAGE sql
@@ -1722,6 +1893,26 @@ BEGIN
         INSERT INTO __SCHEMA__.queue_meta (queue) VALUES (p_queue) ON CONFLICT DO NOTHING;
     END IF;
 END $function$;
+
+CREATE OR REPLACE FUNCTION __SCHEMA__.queue_limit_status()
+ RETURNS TABLE(queue text, max_running integer, rate_count double precision, rate_per double precision, rate_burst double precision, running bigint, tokens double precision)
+ LANGUAGE sql
+ STABLE
+ SET jit TO 'off'
+AS $function$
+    SELECT l.queue, l.max_running, l.rate_count, l.rate_per, l.rate_burst,
+        (SELECT COALESCE(sum(o.open_n), 0) FROM __SCHEMA__.limit_open_receipts(l.queue,
+             COALESCE(s.open_slots, '{}'), COALESCE(s.open_ids, '{}'),
+             COALESCE(s.seen_lanes, '{}'), COALESCE(s.seen_seqs, '{}')) o)
+        + (SELECT count(*) FROM __SCHEMA__.leases x WHERE x.queue = l.queue),
+        CASE WHEN l.rate_count IS NOT NULL THEN
+            least(l.rate_burst, COALESCE(s.tokens, l.rate_burst)
+                + greatest(extract(epoch FROM clock_timestamp() - COALESCE(s.refilled_at, clock_timestamp())), 0)
+                  * l.rate_count / l.rate_per) END
+    FROM __SCHEMA__.queue_limits l
+    LEFT JOIN __SCHEMA__.queue_limit_state s ON s.queue = l.queue
+    ORDER BY l.queue
+$function$;
 
 CREATE OR REPLACE FUNCTION __SCHEMA__.ready_append(p_queue text, p_priority integer, p_job_id bigint, p_kind text, p_args jsonb, p_metadata jsonb, p_attempt integer, p_max_attempts integer, p_lease_base integer, p_created_at timestamp with time zone, p_errors jsonb, p_callback_result jsonb)
  RETURNS bigint

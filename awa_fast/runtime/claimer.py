@@ -34,6 +34,7 @@ import psycopg
 from awa_fast.errors import DatabaseUnavailable, TerminalError
 from awa_fast.jobs import AttemptClosed, Cancel, ClaimSnapshot, Job, JobSpec, RetryAfter, Snooze, WaitForCallback
 from awa_fast.jobs import MAX_PROGRESS_BYTES
+from awa_fast.limits import LimitWatch
 from awa_fast.runtime.batcher import RELEASE, STALE, BatcherConfig, CompletionBatcher, FlushReport, Outcome
 from awa_fast.runtime.heartbeat import Heartbeat, HeartbeatConfig
 from awa_fast.storage import (
@@ -137,6 +138,7 @@ class Claimer:
         self.registry = registry
         self.flush_listeners = list(flush_listeners)
         self.storage = Storage(config.schema)
+        self.limits = LimitWatch(self.storage, config.queue)  # plain claim unless the queue has a limit
         self.shm = shm_record
         self.held: dict[tuple[int, int], Job] = {}
         self.claimed_at: dict[tuple[int, int], float] = {}
@@ -284,8 +286,8 @@ class Claimer:
                     want = min(free, cfg.claim_batch)
                     self._backlog_maybe = True
                     try:
-                        snaps, lane_busy = self.storage.lane_claim_result(conn, cfg.queue, want, cfg.stripe,
-                                                                          cfg.stripes)
+                        snaps, lane_busy = self.limits.claim_call(conn)(conn, cfg.queue, want, cfg.stripe,
+                                                                         cfg.stripes)
                     finally:
                         self._claim_started = None
                     backoff = 0.05

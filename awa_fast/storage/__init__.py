@@ -24,7 +24,7 @@ import struct
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg.adapt import Buffer, Dumper, Loader
@@ -34,6 +34,11 @@ from awa_fast import _impl
 from awa_fast.errors import ConfigError, DatabaseUnavailable, SchemaNotMigrated, SchemaTooNew
 from awa_fast.jobs import ClaimSnapshot
 from awa_fast.storage.schema import latest_version, named_queries, render, validate_schema
+
+from awa_fast.limits import KEEP as _LIMIT_KEEP
+
+if TYPE_CHECKING:
+    from awa_fast.limits import QueueLimits
 
 JSONB_OID = 3802
 
@@ -833,6 +838,67 @@ class Storage:
         if found > expected:
             raise SchemaTooNew(self.schema, expected, found)
 
+    # -- flow control (sql/0010_flow_control.sql, docs/flow-control.md) ------------------
+
+    def lane_claim_limited_result(self, conn: psycopg.Connection, queue: str, limit: int, stripe: int = 0,
+                                  stripes: int = 1) -> tuple[list[ClaimSnapshot], bool]:
+        """:meth:`lane_claim_result` through the queue's limits (``lane_claim_limited``).
+
+        Returns at most what fits under ``max_running`` and the token bucket;
+        the second value is also True when a limit (not the lack of work) made
+        the claim short, so the claimer comes back after its busy pause.
+        """
+        cur = conn.cursor(binary=True)
+        cur.execute(self.q["lane_claim_limited"], (queue, limit, stripe, stripes))
+        rows = cur.fetchall()
+        more = bool(rows) and rows[-1][0] is None
+        if more:
+            rows.pop()
+        return _impl.decode_snapshots(rows), more
+
+    def queue_limits_get(self, conn: psycopg.Connection, queue: str) -> QueueLimits | None:
+        """The queue's flow-control settings, or None when it has none (one primary-key probe)."""
+        return _limits_from_row(queue, conn.execute(self.q["queue_limits_get"], (queue,)).fetchone())
+
+    async def queue_limits_get_async(self, conn: psycopg.AsyncConnection, queue: str) -> QueueLimits | None:
+        """Async twin of :meth:`queue_limits_get`."""
+        cur = await conn.execute(self.q["queue_limits_get"], (queue,))
+        return _limits_from_row(queue, await cur.fetchone())
+
+    def queue_limits_set(self, conn: psycopg.Connection, queue: str, *, max_running: Any = _LIMIT_KEEP,
+                         max_rate: Any = _LIMIT_KEEP) -> QueueLimits | None:
+        """Set a queue's limits; left out (``awa_fast.limits.KEEP``) keeps one as it is, None removes it.
+
+        ``max_running``: int >= 0 or None. ``max_rate``: :class:`awa_fast.limits.Rate` or None.
+        Claimers pick the change up within ``awa_fast.limits.LIMIT_REFRESH_S``.
+        """
+        params = _limits_params(queue, max_running, max_rate)
+        self.queue_ensure(conn, queue)
+        conn.execute(self.q["queue_limits_set"], params)
+        return self.queue_limits_get(conn, queue)
+
+    async def queue_limits_set_async(self, conn: psycopg.AsyncConnection, queue: str, *,
+                                     max_running: Any = _LIMIT_KEEP,
+                                     max_rate: Any = _LIMIT_KEEP) -> QueueLimits | None:
+        """Async twin of :meth:`queue_limits_set`."""
+        params = _limits_params(queue, max_running, max_rate)
+        await conn.execute(self.q["queue_ensure"], (queue,))
+        await conn.execute(self.q["queue_limits_set"], params)
+        return await self.queue_limits_get_async(conn, queue)
+
+    def queue_limit_status(self, conn: psycopg.Connection) -> dict[str, dict[str, Any]]:
+        """Per limited queue: ``max_running``, ``rate`` (count, per, burst), ``running`` now, ``tokens`` left now.
+
+        Running is derived as the claim derives it (open receipt attempts plus
+        callback waits), without writing anything.
+        """
+        return _limit_status(conn.execute(self.q["queue_limit_status"]).fetchall())
+
+    async def queue_limit_status_async(self, conn: psycopg.AsyncConnection) -> dict[str, dict[str, Any]]:
+        """Async twin of :meth:`queue_limit_status`."""
+        cur = await conn.execute(self.q["queue_limit_status"])
+        return _limit_status(await cur.fetchall())
+
 
 # -- statement descriptions of the public API's block (see Storage._run) -------------
 
@@ -968,6 +1034,38 @@ def encode_done_result_rows(items: Sequence[tuple[ClaimSnapshot, bool, bytes]]) 
     append(_COPY_TRAILER)
     return b"".join(parts)
 
+
+def _limits_from_row(queue: str, row: Any) -> QueueLimits | None:
+    from awa_fast.limits import QueueLimits, Rate
+
+    if row is None:
+        return None
+    max_running, count, per, burst = row
+    rate = Rate(float(count), per=float(per), burst=float(burst)) if count is not None else None
+    return QueueLimits(queue, None if max_running is None else int(max_running), rate)
+
+
+def _limits_params(queue: str, max_running: Any, max_rate: Any) -> dict[str, Any]:
+    from awa_fast.limits import Rate, check_max_running
+
+    keep_running = max_running is _LIMIT_KEEP
+    keep_rate = max_rate is _LIMIT_KEEP
+    running = None if keep_running else check_max_running(max_running)
+    rate = None if keep_rate else max_rate
+    if rate is not None and not isinstance(rate, Rate):
+        raise ConfigError(f"max_rate={rate!r}: use awa_fast.Rate(count, per=seconds, burst=n) or None")
+    return {"queue": queue, "max_running": running, "keep_running": keep_running, "keep_rate": keep_rate,
+            "rate_count": rate.count if rate else None, "rate_per": rate.per if rate else None,
+            "rate_burst": rate.burst if rate else None}
+
+
+def _limit_status(rows: Sequence[Any]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for queue, max_running, count, per, burst, running, tokens in rows:
+        out[queue] = {"max_running": max_running,
+                      "rate": None if count is None else {"count": count, "per": per, "burst": burst},
+                      "running": int(running), "tokens": None if tokens is None else float(tokens)}
+    return out
 
 def close_quietly(conn: psycopg.Connection | None) -> None:
     """Close a connection that may already be broken; errors while closing are moot."""

@@ -1,0 +1,285 @@
+"""Flow control (issue 14, docs/flow-control.md): limits enforced in the claim, fleet-wide.
+
+- max_running=5 over three supervisors (separate process groups, real
+  ``awa-fast supervise``): from the handlers' own start/end rows (database
+  clock) at no instant more than 5 ran, and every job completed once.
+- max_rate 50/s (burst 10) over ~20 s with two supervisors: the observed rate
+  is within 10% of 50/s and no 1 s window holds more than burst + 50 starts.
+- The claim's bookkeeping: a receipt claimed through the plain function (a
+  claimer that has not re-read the settings) counts; a rescued attempt frees
+  its slot when its receipt closes; a callback wait keeps its slot; a full
+  limit returns the backlog marker, claims nothing and writes nothing.
+- With no limit configured a claimer calls the plain claim function
+  (``Storage.lane_claim_result``) and never the wrapper.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from awa_fast.client import Client
+from awa_fast.jobs import JobSpec
+from awa_fast.limits import KEEP, LimitWatch, Rate, parse_rate
+from awa_fast.runtime.claimer import Claimer, ClaimerConfig
+from awa_fast.storage import Storage
+from tests.integration.runtime_helpers import SupervisorProc, counts, done_rows_by_job, sqlx, wait_for
+
+pytestmark = pytest.mark.integration
+
+Q = "flow"
+APP = "tests.integration.flow_apps:app"
+
+
+@pytest.fixture
+def runs(pg_dsn, schema, conn, monkeypatch):  # noqa: ANN001, ANN201
+    """The handlers' run table, and the environment that points flow_apps at it."""
+    sqlx_exec(conn, schema, "CREATE TABLE __SCHEMA__.flow_runs (id bigserial PRIMARY KEY, job_id bigint NOT NULL, "
+                            "run_lease int NOT NULL, pid int NOT NULL, started_at timestamptz NOT NULL, "
+                            "ended_at timestamptz)")
+    monkeypatch.setenv("AWA_TEST_FLOW_DSN", pg_dsn)
+    monkeypatch.setenv("AWA_TEST_FLOW_SCHEMA", schema)
+    monkeypatch.setenv("AWA_TEST_FLOW_TABLE", f"{schema}.flow_runs")
+    return f"{schema}.flow_runs"
+
+
+def sqlx_exec(conn, schema, text, params=None):  # noqa: ANN001, ANN201
+    from awa_fast.storage.schema import render
+
+    cur = conn.execute(render(text, schema), params)
+    return cur.fetchall() if cur.description else None
+
+
+def enqueue_work(pg_dsn: str, schema: str, n: int, ms: float) -> None:
+    client = Client(pg_dsn, schema)
+    try:
+        for i in range(0, n, 500):
+            client.enqueue_many("flow.work", [{"ms": ms, "i": j} for j in range(i, min(n, i + 500))], queue=Q)
+    finally:
+        client.close()
+
+
+def max_overlap(intervals: list[tuple[float, float]]) -> int:
+    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])  # an end sorts first
+    cur = best = 0
+    for _, d in events:
+        cur += d
+        best = max(best, cur)
+    return best
+
+
+def _supervisors(pg_dsn, schema, tmp_path, n, spec):  # noqa: ANN001, ANN202
+    return [SupervisorProc(pg_dsn, schema, tmp_path, app=APP, queues=[spec], name=f"sup{i}",
+                           poll_interval=0.5) for i in range(n)]
+
+
+def test_max_running_holds_across_three_supervisors(pg_dsn, schema, storage, conn, tmp_path, runs):
+    storage.queue_limits_set(conn, Q, max_running=5)
+    n = 400
+    sups = _supervisors(pg_dsn, schema, tmp_path, 3, f"{Q}:stripes=2,concurrency=8")
+    try:
+        for s in sups:
+            s.wait_running(2)
+        enqueue_work(pg_dsn, schema, n, 25)
+        wait_for(lambda: counts(storage, conn, Q).get("completed", 0) == n, 40, "every job completed",
+                 on_timeout=lambda: f"{counts(storage, conn, Q)}\n{sups[0].tail()}")
+        status = storage.queue_limit_status(conn)[Q]
+        for s in sups:
+            assert s.stop(30) == 0, s.tail()
+    finally:
+        for s in sups:
+            s.close()
+    rows = sqlx_exec(conn, schema, "SELECT job_id, pid, extract(epoch FROM started_at)::float8, "
+                                   "extract(epoch FROM ended_at)::float8 FROM __SCHEMA__.flow_runs")
+    assert len(rows) == n and all(r[3] is not None for r in rows)
+    assert len({r[0] for r in rows}) == n, "a job ran twice"
+    overlap = max_overlap([(r[2], r[3]) for r in rows])
+    assert overlap <= 5, f"{overlap} jobs ran at once under max_running=5"
+    assert overlap >= 4, f"only {overlap} ran at once: the limit was not used"
+    assert len({r[1] for r in rows}) >= 3, "the work did not spread over the supervisors' claimers"
+    assert counts(storage, conn, Q) == {"completed": n}
+    done = done_rows_by_job(conn, schema)
+    assert all(len(v) == 1 for v in done.values()) and len(done) == n
+    assert status["running"] == 0 and status["max_running"] == 5
+
+
+def test_rate_limit_holds_across_two_supervisors(pg_dsn, schema, storage, conn, tmp_path, runs):
+    rate, burst, seconds = 50.0, 10.0, 20.0
+    storage.queue_limits_set(conn, Q, max_rate=Rate(rate, per=1.0, burst=burst))
+    n = int(rate * seconds * 1.5)
+    enqueue_work(pg_dsn, schema, n, 1)
+    sups = _supervisors(pg_dsn, schema, tmp_path, 2, f"{Q}:stripes=2,concurrency=8")
+    try:
+        first = wait_for(lambda: sqlx_exec(conn, schema, "SELECT min(extract(epoch FROM started_at))::float8 "
+                                                         "FROM __SCHEMA__.flow_runs")[0][0], 30, "a first start",
+                         on_timeout=sups[0].tail)
+        wait_for(lambda: sqlx_exec(conn, schema, "SELECT extract(epoch FROM clock_timestamp())::float8")[0][0]
+                 > first + seconds + 0.5, seconds + 10, "the measuring window", interval=0.2)
+        status = storage.queue_limit_status(conn)[Q]
+    finally:
+        for s in sups:
+            s.close()
+    starts = sorted(r[0] for r in sqlx_exec(
+        conn, schema, "SELECT extract(epoch FROM started_at)::float8 FROM __SCHEMA__.flow_runs"))
+    inside = [t for t in starts if t < first + seconds]
+    observed = len(inside) / seconds
+    assert abs(observed - rate) <= 0.1 * rate, f"observed {observed:.1f}/s under a {rate}/s limit"
+    # token bucket: any window of w seconds holds at most burst + rate*w starts (handler
+    # starts trail their claim by a few ms: 5 starts of slack)
+    j = 0
+    worst = 0
+    for i, t in enumerate(starts):
+        while starts[j] < t - 1.0:
+            j += 1
+        worst = max(worst, i - j + 1)
+    assert worst <= burst + rate * 1.0 + 5, f"{worst} starts in one second (bucket allows {burst + rate})"
+    assert len(starts) < n, "the backlog drained: the limit did not hold"
+    assert status["tokens"] is not None and 0 <= status["tokens"] <= burst
+
+
+def _claim(storage, conn, n, limited=True):  # noqa: ANN001, ANN202
+    f = storage.lane_claim_limited_result if limited else storage.lane_claim_result
+    return f(conn, Q, n, 0, 1)
+
+
+def test_claim_bookkeeping(pg_dsn, schema, storage, conn):
+    client = Client(pg_dsn, schema)
+    client.enqueue_many("flow.work", [{"i": i} for i in range(40)], queue=Q)
+    client.close()
+    storage.queue_limits_set(conn, Q, max_running=5)
+    plain, _ = _claim(storage, conn, 3, limited=False)  # a claimer that has not re-read the settings
+    assert len(plain) == 3
+    got, more = _claim(storage, conn, 100)
+    assert len(got) == 2 and more, "the plain claim's 3 open attempts count"
+    # full: nothing claimed, no receipt, the marker says "come back"; once the state has
+    # seen the last claim's receipt (the first such call writes that), no write at all
+    before = sqlx_exec(conn, schema, "SELECT count(*) FROM __SCHEMA__.lease_claims")[0][0]
+    assert _claim(storage, conn, 100) == ([], True)
+    xmin = sqlx_exec(conn, schema, "SELECT xmin::text FROM __SCHEMA__.queue_limit_state")[0][0]
+    for _ in range(3):
+        assert _claim(storage, conn, 100) == ([], True)
+    assert sqlx_exec(conn, schema, "SELECT count(*) FROM __SCHEMA__.lease_claims")[0][0] == before
+    assert sqlx_exec(conn, schema, "SELECT xmin::text FROM __SCHEMA__.queue_limit_state")[0][0] == xmin
+    assert storage.queue_limit_status(conn)[Q]["running"] == 5
+    # completion frees slots
+    storage.receipt_complete_rows(conn, plain[:2])
+    got2, _ = _claim(storage, conn, 100)
+    assert len(got2) == 2
+    # a callback wait keeps its slot; its resolution frees it
+    token = storage.attempt_register_callback(conn, got[0], 60.0)
+    assert token is not None
+    assert _claim(storage, conn, 100) == ([], True)
+    assert storage.callback_resolve(conn, token, "complete") == "ok"
+    got3, _ = _claim(storage, conn, 100)
+    assert len(got3) == 1
+    # a rescued attempt frees its slot when its receipt closes
+    storage.queue_configure(conn, Q, heartbeat_timeout=0.2)
+    time.sleep(0.4)
+    assert storage.receipt_rescue_stale(conn) == 5
+    assert storage.queue_limit_status(conn)[Q]["running"] == 0
+    got4, _ = _claim(storage, conn, 100)
+    assert len(got4) == 5
+    # max_running=0 stops claims; removing the limit goes back to the plain claim
+    storage.queue_limits_set(conn, Q, max_running=0)
+    assert _claim(storage, conn, 100) == ([], True)
+    storage.queue_pause(conn, Q, True)  # paused: no "come back" either
+    assert _claim(storage, conn, 100) == ([], False)
+    storage.queue_pause(conn, Q, False)
+    storage.queue_limits_set(conn, Q, max_running=None)
+    assert storage.queue_limits_get(conn, Q).limited is False
+    rest, _ = _claim(storage, conn, 1000)
+    assert len(rest) > 5
+
+
+def test_rate_bucket_charges_claimed_jobs_on_the_database_clock(pg_dsn, schema, storage, conn):
+    client = Client(pg_dsn, schema)
+    client.enqueue_many("flow.work", [{"i": i} for i in range(100)], queue=Q)
+    client.close()
+    storage.queue_limits_set(conn, Q, max_rate=parse_rate("10/1s", burst=4))
+    clock = "SELECT extract(epoch FROM clock_timestamp())::float8"
+    t0 = sqlx_exec(conn, schema, clock)[0][0]
+    got, more = _claim(storage, conn, 100)
+    assert len(got) == 4 and more  # the full bucket, then the marker
+    assert len(_claim(storage, conn, 100)[0]) <= 1
+    time.sleep(0.3)
+    again = len(_claim(storage, conn, 100)[0])
+    elapsed = sqlx_exec(conn, schema, clock)[0][0] - t0
+    assert 2 <= again and 4 + again <= 4 + 10 * elapsed + 1e-6, (again, elapsed)
+    # max_running and rate together: the smaller allowance wins
+    storage.queue_limits_set(conn, Q, max_running=8, max_rate=KEEP)
+    time.sleep(1.0)
+    open_now = storage.queue_limit_status(conn)[Q]["running"]
+    assert open_now < 8 and len(_claim(storage, conn, 100)[0]) == 8 - open_now  # tokens: 4 after 1 s
+    lim = storage.queue_limits_get(conn, Q)
+    assert lim.max_running == 8 and lim.max_rate == Rate(10.0, per=1.0, burst=4.0)
+
+
+def test_without_a_limit_the_claimer_calls_the_plain_claim(pg_dsn, schema, storage, conn):
+    watch = LimitWatch(storage, Q, refresh=0.0)
+    assert watch.claim_call(conn) == storage.lane_claim_result
+    storage.queue_limits_set(conn, Q, max_running=3)
+    assert watch.claim_call(conn) == storage.lane_claim_limited_result
+    storage.queue_limits_set(conn, Q, max_running=None)
+    assert watch.claim_call(conn) == storage.lane_claim_result
+
+    # a real claimer on a queue without limits: every claim is the plain function's
+    done = threading.Event()
+    seen: list[int] = []
+
+    def handler(job):  # noqa: ANN001, ANN202
+        seen.append(job.id)
+        if len(seen) == 50:
+            done.set()
+
+    claimer = Claimer(ClaimerConfig(pg_dsn, schema, "plain", concurrency=4, claim_batch=16, poll_interval=0.2),
+                      {"p.work": JobSpec("p.work", handler, "plain", 2, 3, False, None)})
+    calls = {"plain": 0, "limited": 0}
+    base = Storage(schema)
+
+    class Spy(Storage):
+        __slots__ = ()
+
+        def lane_claim_result(self, *a, **k):  # noqa: ANN002, ANN003, ANN201
+            calls["plain"] += 1
+            return base.lane_claim_result(*a, **k)
+
+        def lane_claim_limited_result(self, *a, **k):  # noqa: ANN002, ANN003, ANN201
+            calls["limited"] += 1
+            return base.lane_claim_limited_result(*a, **k)
+
+    claimer.storage = Spy(schema)
+    claimer.limits = LimitWatch(claimer.storage, "plain")
+    t = threading.Thread(target=claimer.run, daemon=True)
+    t.start()
+    try:
+        client = Client(pg_dsn, schema)
+        client.enqueue_many("p.work", [{"i": i} for i in range(50)], queue="plain")
+        client.close()
+        assert done.wait(20), f"ran {len(seen)} of 50"
+    finally:
+        claimer.stop()
+        t.join(30)
+    assert calls["plain"] >= 1 and calls["limited"] == 0, calls
+
+
+def test_async_twins_and_keep(pg_dsn, schema, storage, conn):
+    import asyncio
+
+    import psycopg
+
+    async def go():  # noqa: ANN202
+        async with await psycopg.AsyncConnection.connect(
+                pg_dsn, autocommit=True, application_name=f"awa_fast:test:{schema}:async") as ac:
+            lim = await storage.queue_limits_set_async(ac, "a", max_running=3)
+            assert (lim.max_running, lim.max_rate) == (3, None)
+            lim = await storage.queue_limits_set_async(ac, "a", max_rate=Rate(5, per=2.0))  # keeps max_running
+            assert (lim.max_running, lim.max_rate) == (3, Rate(5.0, per=2.0, burst=5.0))
+            assert (await storage.queue_limits_get_async(ac, "nope")) is None
+            return await storage.queue_limit_status_async(ac)
+
+    status = asyncio.run(go())
+    assert status == {"a": {"max_running": 3, "rate": {"count": 5.0, "per": 2.0, "burst": 5.0}, "running": 0,
+                            "tokens": 5.0}}
+    assert storage.queue_limit_status(conn) == status
