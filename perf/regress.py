@@ -352,6 +352,14 @@ def compare(baseline: pathlib.Path, result: pathlib.Path, min_slowdown: float = 
     return 0
 
 
+def stamp_metadata(path: pathlib.Path, metadata: dict[str, str]) -> None:
+    """Add what only the master knows (the server, the load around the run) to every benchmark of ``path``."""
+    suite = pyperf.BenchmarkSuite.load(str(path))
+    for bench in suite.get_benchmarks():
+        bench.update_metadata(metadata)
+    suite.dump(str(path), replace=True)
+
+
 def default_baseline() -> pathlib.Path:
     return HERE / "baselines" / f"python-{os.cpu_count()}cpu.json"
 
@@ -422,7 +430,7 @@ def main() -> int:
         args.dsn = dsn
         with psycopg.connect(dsn) as c:
             version = str(c.execute("SHOW server_version").fetchone()[0])  # type: ignore[index]
-        runner.metadata["postgres"] = f"{version} ({server})"
+        master_metadata = {"postgres": f"{version} ({server})", "loadavg_start": _loadavg()}
         print(f"# PostgreSQL {version} ({server}); claim depths {args.depths}; output {args.output}", flush=True)
         prepare(dsn, tuple(int(x) for x in args.depths.split(",")))
         register(runner, dsn, tuple(int(x) for x in args.depths.split(",")))
@@ -434,6 +442,7 @@ def main() -> int:
             cluster.stop("fast")
         if root is not None:
             shutil.rmtree(root, ignore_errors=True)
+    stamp_metadata(pathlib.Path(args.output), {**master_metadata, "loadavg_end": _loadavg()})
     print(f"# load at the end {_loadavg()}; wrote {args.output}", flush=True)
     if args.no_compare:
         return 0
