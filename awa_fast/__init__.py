@@ -23,6 +23,7 @@ from awa_fast.errors import (
     UnknownJob,
 )
 from awa_fast.jobs import AttemptClosed, Cancel, ClaimSnapshot, RetryAfter, Snooze, WaitForCallback
+from awa_fast.unique import Unique, UniqueConflict  # issue 13: periodic and unique jobs
 
 __impl__: str = _impl.IMPL
 __version__ = "0.1.0"
@@ -45,6 +46,8 @@ __all__ = [
     "SchemaTooNew",
     "Snooze",
     "TerminalError",
+    "Unique",
+    "UniqueConflict",
     "UnknownJob",
     "WaitForCallback",
 ]

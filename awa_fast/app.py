@@ -40,11 +40,13 @@ class App(Client):
     # -- handlers ---------------------------------------------------------------
 
     def job(self, kind: str, *, queue: str | None = None, priority: int = PRIORITY_DEFAULT,
-            max_attempts: int = 25, args_type: type | None = None) -> Callable[[F], F]:
+            max_attempts: int = 25, args_type: type | None = None, unique: Any = None) -> Callable[[F], F]:
         """Register ``def handler(job)`` or ``async def handler(job)`` for ``kind``.
 
         ``args_type`` (a ``msgspec.Struct``) makes ``job.args`` a typed object.
+        ``unique=awa_fast.Unique(...)`` makes every enqueue of the kind unique by default.
         """
+        self._unique_default(kind, unique)
         validate_name("kind", kind)
         q = validate_name("queue", queue if queue is not None else self.default_queue)
         validate_priority(priority)
@@ -87,39 +89,42 @@ class App(Client):
 
     def enqueue(self, kind: str, args: Any = None, *, queue: str | None = None, priority: int | None = None,
                 max_attempts: int | None = None, metadata: Any = None, run_at: Any = None,
-                delay: float | None = None, conn: psycopg.Connection | None = None) -> int:
+                delay: float | None = None, conn: psycopg.Connection | None = None, unique: Any = None) -> int:
         """Enqueue one job (defaults from the kind's registration); returns its id."""
         queue, priority, max_attempts = self._defaults(kind, queue, priority, max_attempts)
         return super().enqueue(kind, args, queue=queue, priority=priority, max_attempts=max_attempts,
-                               metadata=metadata, run_at=run_at, delay=delay, conn=conn)
+                               metadata=metadata, run_at=run_at, delay=delay, conn=conn,
+                               unique=self._unique_for(kind, unique))
 
     async def enqueue_async(self, kind: str, args: Any = None, *, conn: psycopg.AsyncConnection,
                             queue: str | None = None, priority: int | None = None,
                             max_attempts: int | None = None, metadata: Any = None, run_at: Any = None,
-                            delay: float | None = None) -> int:
+                            delay: float | None = None, unique: Any = None) -> int:
         """Enqueue one job on an async connection, inside its transaction."""
         queue, priority, max_attempts = self._defaults(kind, queue, priority, max_attempts)
         return await super().enqueue_async(kind, args, conn=conn, queue=queue, priority=priority,
                                            max_attempts=max_attempts, metadata=metadata, run_at=run_at,
-                                           delay=delay)
+                                           delay=delay, unique=self._unique_for(kind, unique))
 
     def enqueue_many(self, kind: str, args_list: Any, *, queue: str | None = None, priority: int | None = None,
                      max_attempts: int | None = None, metadata: Any = None,
-                     conn: psycopg.Connection | None = None, chunk: int = 50_000, progress: Any = None) -> int:
+                     conn: psycopg.Connection | None = None, chunk: int = 50_000, progress: Any = None,
+                     unique: Any = None) -> int:
         """Bulk-enqueue by binary COPY (defaults from the kind's registration)."""
         queue, priority, max_attempts = self._defaults(kind, queue, priority, max_attempts)
         return super().enqueue_many(kind, args_list, queue=queue, priority=priority, max_attempts=max_attempts,
-                                    metadata=metadata, conn=conn, chunk=chunk, progress=progress)
+                                    metadata=metadata, conn=conn, chunk=chunk, progress=progress,
+                                    unique=self._unique_for(kind, unique))
 
     async def enqueue_many_async(self, kind: str, args_list: Any, *, conn: psycopg.AsyncConnection,
                                  queue: str | None = None, priority: int | None = None,
                                  max_attempts: int | None = None, metadata: Any = None, chunk: int = 50_000,
-                                 progress: Any = None) -> int:
+                                 progress: Any = None, unique: Any = None) -> int:
         """Async bulk enqueue by binary COPY (defaults from the kind's registration)."""
         queue, priority, max_attempts = self._defaults(kind, queue, priority, max_attempts)
         return await super().enqueue_many_async(kind, args_list, conn=conn, queue=queue, priority=priority,
                                                 max_attempts=max_attempts, metadata=metadata, chunk=chunk,
-                                                progress=progress)
+                                                progress=progress, unique=self._unique_for(kind, unique))
 
     # -- callbacks ----------------------------------------------------------------
 
@@ -166,3 +171,77 @@ class App(Client):
         from awa_fast.storage.migrate import migrate
 
         migrate(self.resolve_dsn(), self.storage.schema)
+
+    # -- periodic and unique jobs (issue 13; logic in awa_fast/periodic.py and awa_fast/unique.py) --------
+
+    @property
+    def unique_defaults(self) -> dict[str, Any]:
+        """Kind -> its default :class:`awa_fast.Unique` (from ``@app.job(unique=...)``)."""
+        d = self.__dict__.get("_unique_defaults")
+        if d is None:
+            d = self.__dict__["_unique_defaults"] = {}
+        return d
+
+    @property
+    def schedules(self) -> dict[str, Any]:
+        """Schedule name -> :class:`awa_fast.periodic.Schedule` declared with :meth:`periodic`."""
+        d = self.__dict__.get("_schedules")
+        if d is None:
+            d = self.__dict__["_schedules"] = {}
+        return d
+
+    def _unique_default(self, kind: str, unique: Any) -> None:
+        if unique is not None and unique is not False:
+            from awa_fast.unique import _check
+
+            self.unique_defaults[kind] = _check(unique)
+
+    def _unique_for(self, kind: str, unique: Any) -> Any:
+        # None: the kind's default (usually none: one dict lookup); False: not unique for this call.
+        if unique is None:
+            d = self.__dict__.get("_unique_defaults")
+            return d.get(kind) if d else None
+        return unique
+
+    def periodic(self, name_or_cron: str, cron: str | None = None, kind: str | None = None, args: Any = None, *,
+                 name: str | None = None, timezone: str = "UTC", queue: str | None = None,
+                 priority: int | None = None, missed: str = "coalesce", catch_up_cap: int = 100,
+                 metadata: Any = None, max_attempts: int | None = None, unique: Any = None) -> Any:
+        """Declare a periodic job, or (with only a cron) decorate a handler registered with :meth:`job`.
+
+        ``app.periodic("report", "*/5 * * * *", "report.build", {"full": True})`` declares one;
+        ``@app.periodic("*/5 * * * *", name="report")`` stacked on ``@app.job(...)`` fires the
+        decorated handler's kind. Cron: five fields, six with seconds first, or ``@hourly`` etc.,
+        in ``timezone`` (IANA). ``missed``: ``coalesce`` fires once for a run of missed ticks,
+        ``catch_up`` each (at most ``catch_up_cap``). Schedules reach the database when a
+        supervisor or worker starts.
+        """
+        from awa_fast import periodic as _periodic
+
+        opts = {"timezone": timezone, "queue": queue, "priority": priority, "missed": missed,
+                "catch_up_cap": catch_up_cap, "metadata": metadata, "max_attempts": max_attempts,
+                "unique": unique}
+        if kind is not None:
+            if cron is None or name is not None:
+                raise ConfigError("app.periodic(name, cron, kind, args=None, ...): give the name once")
+            self._add_schedule(_periodic.declare(name_or_cron, cron, kind, args, **opts))  # type: ignore[arg-type]
+            return self.schedules[name_or_cron]
+        if cron is not None:
+            raise ConfigError("app.periodic(name, cron, kind, ...) needs the kind; as a decorator use "
+                              "@app.periodic(cron, name=...)")
+        expr = name_or_cron
+        _periodic.normalize_cron(expr)
+
+        def decorate(fn: F) -> F:
+            kinds = [k for k, spec in self.registry.items() if spec.handler is fn]
+            if len(kinds) != 1:
+                raise ConfigError("@app.periodic(...) goes above @app.job(...) on the same function")
+            self._add_schedule(_periodic.declare(name or kinds[0], expr, kinds[0], args, **opts))  # type: ignore[arg-type]
+            return fn
+
+        return decorate
+
+    def _add_schedule(self, schedule: Any) -> None:
+        if schedule.name in self.schedules:
+            raise ConfigError(f"schedule {schedule.name!r} is declared twice; names are unique")
+        self.schedules[schedule.name] = schedule
