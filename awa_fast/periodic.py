@@ -348,6 +348,7 @@ def trigger(storage: Any, conn: psycopg.Connection, name: str) -> tuple[str, int
 
 _last: dict[tuple[str, str], float] = {}
 _active: dict[str, bool] = {}
+_sweep_busy: dict[str, bool] = {}
 IDLE_EVALUATE_INTERVAL_S = 2.0
 
 
@@ -357,8 +358,11 @@ def leader_step(storage: Any, conn: psycopg.Connection) -> None:
     Evaluates due schedules every :data:`EVALUATE_INTERVAL_S` (every
     :data:`IDLE_EVALUATE_INTERVAL_S` while the schema has no active
     schedule), prunes the fire ledger every :data:`PRUNE_INTERVAL_S` and
-    sweeps stale unique keys every ``unique.SWEEP_INTERVAL_S``. With no
-    schedules and no unique keys each part is one cheap statement.
+    sweeps stale unique keys every ``unique.SWEEP_INTERVAL_S`` (every
+    ``SWEEP_BUSY_INTERVAL_S`` while it finds stale keys), at most
+    ``SWEEP_BUDGET_S`` a time. With no schedules and no unique keys each part
+    is one cheap statement on the leader's connection; nothing here touches
+    the claim or completion path.
     """
     import time
 
@@ -378,8 +382,9 @@ def leader_step(storage: Any, conn: psycopg.Connection) -> None:
         _active[schema] = schedules > 0
     if due("prune", PRUNE_INTERVAL_S):
         storage.schedule_fires_prune(conn, FIRES_KEEP_S, 1000)
-    if due("unique_sweep", _unique.SWEEP_INTERVAL_S):
-        _unique.sweep_once(storage, conn)
+    if due("unique_sweep", _unique.SWEEP_BUSY_INTERVAL_S if _sweep_busy.get(schema) else _unique.SWEEP_INTERVAL_S):
+        swept, busy = _unique.sweep_once(storage, conn)
+        _sweep_busy[schema] = busy or swept > 0
 
 
 __all__ = ["ALIASES", "Fire", "Schedule", "declare", "due_fires", "evaluate", "evaluate_due", "leader_step", "normalize_cron",

@@ -242,22 +242,40 @@ async def enqueue_many_async(storage: Any, conn: psycopg.AsyncConnection, unique
 # -- maintenance ---------------------------------------------------------------------------
 
 SWEEP_INTERVAL_S = 5.0
+SWEEP_BUSY_INTERVAL_S = 1.0
 SWEEP_BATCH = 1000
+SWEEP_BUDGET_S = 0.25
 _sweep_position: dict[str, tuple[bytes, int] | None] = {}
 
 
-def sweep_once(storage: Any, conn: psycopg.Connection, batch: int = SWEEP_BATCH) -> int:
-    """Delete one batch of stale unique keys (the leader calls this every few seconds); returns how many.
+def sweep_once(storage: Any, conn: psycopg.Connection, batch: int = SWEEP_BATCH,
+               budget_s: float = SWEEP_BUDGET_S) -> tuple[int, bool]:
+    """Delete stale unique keys for up to ``budget_s`` seconds (the leader's step); returns ``(swept, busy)``.
 
-    Walks the key table in key order, one batch per call, and starts over
-    at the end; a key being taken right now is skipped (SKIP LOCKED).
+    Walks the key table in key order, a batch (one transaction) at a time,
+    resuming where the last call stopped and starting over at the end; a
+    key being taken right now is skipped (SKIP LOCKED). ``busy`` is True
+    when the walk stopped on the budget rather than at the end of the table
+    (call again soon).
     """
-    after = _sweep_position.get(storage.schema)
-    swept, _scanned, pos = storage.unique_sweep(conn, after, batch)
-    _sweep_position[storage.schema] = pos
-    if swept:
-        log.info("swept %d stale unique keys", swept, extra={"action": "unique_sweep"})
-    return swept
+    import time
+
+    deadline = time.monotonic() + budget_s
+    total = 0
+    while True:
+        after = _sweep_position.get(storage.schema)
+        swept, _scanned, pos = storage.unique_sweep(conn, after, batch)
+        _sweep_position[storage.schema] = pos
+        total += swept
+        if pos is None:
+            busy = False
+            break
+        if time.monotonic() >= deadline:
+            busy = True
+            break
+    if total:
+        log.info("swept %d stale unique keys", total, extra={"action": "unique_sweep"})
+    return total, busy
 
 
 __all__ = ["DEFAULT_STATES", "Unique", "UniqueConflict", "UniqueManyResult", "canonical_json", "sweep_once"]

@@ -90,18 +90,39 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
 $$;
 
 -- Does job p_job still hold a key with mask p_states? Read with a fresh
--- snapshot by the caller (a statement after the key row's lock). A job whose
--- history was pruned or purged is terminal and unknown: it holds only a
--- key whose mask names a terminal state and whose period has not ended.
+-- snapshot by the caller (a statement after the key row's lock). The
+-- terminal, deferred and callback places are probed first (an index probe
+-- each; a terminal holder, the sweep's common case, costs one probe per
+-- ready slot); only a job found nowhere else goes through job_load, which
+-- tells available from running. A job whose history was pruned or purged is
+-- terminal and unknown: it holds only a key whose mask names a terminal
+-- state and whose period has not ended.
 CREATE FUNCTION __SCHEMA__.unique_holds(p_job bigint, p_states int, p_expires timestamptz) RETURNS boolean
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    v_state text := __SCHEMA__.job_load(p_job) ->> 'state';
+    v_state smallint;
+    v_name text;
 BEGIN
-    IF v_state IS NULL THEN
+    SELECT d.state INTO v_state FROM __SCHEMA__.done_entries d
+    WHERE d.job_id = p_job ORDER BY d.run_lease DESC LIMIT 1;
+    IF FOUND THEN
+        RETURN (p_states & CASE v_state WHEN 1 THEN 64 WHEN 2 THEN 128 ELSE 256 END) <> 0;
+    END IF;
+    IF EXISTS (SELECT 1 FROM __SCHEMA__.dlq_entries x WHERE x.job_id = p_job) THEN
+        RETURN (p_states & 512) <> 0;
+    END IF;
+    SELECT x.state INTO v_state FROM __SCHEMA__.deferred_jobs x WHERE x.job_id = p_job;
+    IF FOUND THEN
+        RETURN (p_states & CASE v_state WHEN 1 THEN 1 WHEN 2 THEN 8 ELSE 32 END) <> 0;
+    END IF;
+    IF EXISTS (SELECT 1 FROM __SCHEMA__.leases l WHERE l.job_id = p_job) THEN
+        RETURN (p_states & 16) <> 0;
+    END IF;
+    v_name := __SCHEMA__.job_load(p_job) ->> 'state';
+    IF v_name IS NULL THEN
         RETURN p_expires IS NOT NULL AND p_expires > now() AND (p_states & (64 | 128 | 256 | 512)) <> 0;
     END IF;
-    RETURN (p_states & __SCHEMA__.unique_state_bit(v_state)) <> 0;
+    RETURN (p_states & __SCHEMA__.unique_state_bit(v_name)) <> 0;
 END $$;
 
 -- Take unique key (p_key, bucket of now() by p_period) for job p_job, or

@@ -376,6 +376,6 @@ class _Rollback(Exception):
 
 def test_unique_state_machine(pg_dsn):
     UniqueMachine.dsn = pg_dsn
-    UniqueMachine.TestCase.settings = settings(max_examples=25, stateful_step_count=25, deadline=None,
+    UniqueMachine.TestCase.settings = settings(max_examples=15, stateful_step_count=25, deadline=None,
                                                suppress_health_check=list(HealthCheck))
     UniqueMachine.TestCase().runTest()
