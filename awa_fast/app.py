@@ -46,11 +46,11 @@ class App(Client):
         ``args_type`` (a ``msgspec.Struct``) makes ``job.args`` a typed object.
         ``unique=awa_fast.Unique(...)`` makes every enqueue of the kind unique by default.
         """
-        self._unique_default(kind, unique)
         validate_name("kind", kind)
         q = validate_name("queue", queue if queue is not None else self.default_queue)
         validate_priority(priority)
         validate_max_attempts(max_attempts)
+        self._unique_default(kind, unique)
 
         def register(fn: F) -> F:
             if kind in self.registry:

@@ -241,6 +241,29 @@ def test_app_job_default_unique_and_opt_out(pg_dsn, schema, storage, conn):
     app.close()
 
 
+def test_async_twins(pg_dsn, schema, storage, conn):
+    import asyncio
+
+    app = App(pg_dsn, schema, default_queue=Q)
+
+    async def scenario() -> tuple[int, int, object]:
+        async with await psycopg.AsyncConnection.connect(pg_dsn) as aconn:
+            first = await app.enqueue_async("a", {"n": 1}, conn=aconn, unique=Unique())
+            try:
+                await app.enqueue_async("a", {"n": 1}, conn=aconn, unique=Unique())
+            except UniqueConflict as exc:
+                holder = exc.existing_job_id
+            many = await app.enqueue_many_async("a", [{"n": 1}, {"n": 2}, {"n": 2}], conn=aconn, unique=Unique())
+            await aconn.commit()
+            return first, holder, many
+
+    first, holder, many = asyncio.run(scenario())
+    assert holder == first
+    assert (many.inserted, many.skipped) == (1, 2)  # type: ignore[attr-defined]
+    assert storage.queue_counts_exact(conn)[Q]["available"] == 2
+    app.close()
+
+
 def test_sweep_deletes_only_stale_keys_in_batches(pg_dsn, schema, storage, conn):
     c = _client(pg_dsn, schema)
     u = Unique()
