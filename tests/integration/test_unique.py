@@ -264,6 +264,28 @@ def test_async_twins(pg_dsn, schema, storage, conn):
     app.close()
 
 
+def test_plain_jobs_never_touch_the_feature_tables(pg_dsn, schema, storage, conn):
+    """A feature nobody uses costs nothing: no scan, no write of the 0005 tables on enqueue, claim, complete."""
+    def stats() -> list[tuple]:
+        conn.execute("SELECT pg_stat_force_next_flush()")
+        return sql(conn, schema, """SELECT relname, COALESCE(seq_scan, 0) + COALESCE(idx_scan, 0),
+                                           n_tup_ins + n_tup_upd + n_tup_del
+                                    FROM pg_stat_user_tables WHERE schemaname = %s
+                                      AND relname IN ('unique_keys', 'schedules', 'schedule_fires')
+                                    ORDER BY relname""", (schema,))
+
+    before = stats()  # (the migration's own DDL scans count here)
+    assert len(before) == 3
+    c = _client(pg_dsn, schema)
+    c.enqueue("plain", {"n": 1})
+    c.enqueue("plain", {"n": 2}, delay=0.0)
+    c.enqueue_many("plain", [{"n": i} for i in range(50)])
+    c._own_conn().execute("SELECT pg_stat_force_next_flush()")
+    complete(storage, conn, claim_all(storage, conn))
+    c.close()
+    assert stats() == before
+
+
 def test_sweep_deletes_only_stale_keys_in_batches(pg_dsn, schema, storage, conn):
     c = _client(pg_dsn, schema)
     u = Unique()
