@@ -94,10 +94,11 @@ $$;
 -- terminal, deferred and callback places are probed first (an index probe
 -- each; a terminal holder, the sweep's common case, costs one probe per
 -- ready slot); only a job found nowhere else goes through job_load, which
--- tells available from running. A job whose history was pruned or purged is
+-- tells available from running (the sweep skips that, see below). A job whose history was pruned or purged is
 -- terminal and unknown: it holds only a key whose mask names a terminal
 -- state and whose period has not ended.
-CREATE FUNCTION __SCHEMA__.unique_holds(p_job bigint, p_states int, p_expires timestamptz) RETURNS boolean
+CREATE FUNCTION __SCHEMA__.unique_holds(p_job bigint, p_states int, p_expires timestamptz,
+    p_exact boolean DEFAULT true) RETURNS boolean
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v_state smallint;
@@ -117,6 +118,13 @@ BEGIN
     END IF;
     IF EXISTS (SELECT 1 FROM __SCHEMA__.leases l WHERE l.job_id = p_job) THEN
         RETURN (p_states & 16) <> 0;
+    END IF;
+    -- The sweep (p_exact false) keeps a key whose holder is still in the
+    -- ready ring when both available and running hold: never a live key
+    -- deleted, at worst a stale one kept until its ready slot is pruned.
+    IF NOT p_exact AND (p_states & 6) = 6
+       AND EXISTS (SELECT 1 FROM __SCHEMA__.ready_entries e WHERE e.job_id = p_job) THEN
+        RETURN true;
     END IF;
     v_name := __SCHEMA__.job_load(p_job) ->> 'state';
     IF v_name IS NULL THEN
@@ -200,20 +208,43 @@ BEGIN
 END $$;
 
 -- Many unique jobs of one kind: one key per row (the client removed
--- duplicates within the batch). Returns one (job_id, inserted) per row, in order.
+-- duplicates within the batch). Every row's key is taken (or its holder
+-- found) first; the rows that took their key are then written with one
+-- lane range, like job_enqueue_many. Returns one (job_id, inserted) per
+-- row, in order.
 CREATE FUNCTION __SCHEMA__.job_enqueue_unique_many(p_keys bytea[], p_period float8, p_states int, p_queue text,
     p_priority int, p_kind text, p_args jsonb[], p_metadata jsonb, p_max_attempts int)
 RETURNS TABLE (job_id bigint, inserted boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
+    n int := COALESCE(cardinality(p_keys), 0);
+    v_ids bigint[] := '{}';
+    v_new boolean[] := '{}';
+    v_take bigint[] := '{}';
+    v_args jsonb[] := '{}';
+    v_job bigint;
+    v_got bigint;
+    r record;
     i int;
 BEGIN
-    FOR i IN 1 .. COALESCE(cardinality(p_keys), 0) LOOP
-        SELECT e.job_id, e.inserted INTO job_id, inserted
-        FROM __SCHEMA__.job_enqueue_unique(p_keys[i], p_period, p_states, p_queue, p_priority, p_kind,
-            p_args[i], p_metadata, p_max_attempts, NULL, NULL) e;
-        RETURN NEXT;
+    FOR i IN 1 .. n LOOP
+        v_job := nextval('__SCHEMA__.job_id_seq');
+        v_got := __SCHEMA__.unique_take(p_keys[i], p_period, p_states, v_job);
+        v_ids := v_ids || v_got;
+        v_new := v_new || (v_got = v_job);
+        IF v_got = v_job THEN
+            v_take := v_take || v_job;
+            v_args := v_args || p_args[i];
+        END IF;
     END LOOP;
+    IF cardinality(v_take) > 0 THEN
+        SELECT * INTO r FROM __SCHEMA__.lane_reserve(p_queue, p_priority, cardinality(v_take), pg_backend_pid());
+        INSERT INTO __SCHEMA__.ready_entries (ready_slot, lane_id, lane_seq, job_id, kind, args, metadata,
+            attempt, max_attempts, lease_base)
+        SELECT r.ready_slot, r.lane_id, r.first_seq + t.n - 1, t.j, p_kind, t.a, p_metadata, 0, p_max_attempts, 0
+        FROM unnest(v_take, v_args) WITH ORDINALITY AS t(j, a, n);
+    END IF;
+    RETURN QUERY SELECT u.j, u.b FROM unnest(v_ids, v_new) WITH ORDINALITY AS u(j, b, o) ORDER BY u.o;
 END $$;
 
 -- Sweep stale keys (holder out of its holding states, or period ended):
@@ -243,7 +274,7 @@ BEGIN
         IF EXISTS (SELECT 1 FROM __SCHEMA__.unique_keys u
                    WHERE u.key = r.key AND u.bucket = r.bucket
                      AND ((u.expires_at IS NOT NULL AND u.expires_at <= now())
-                          OR NOT __SCHEMA__.unique_holds(u.job_id, u.states, u.expires_at))) THEN
+                          OR NOT __SCHEMA__.unique_holds(u.job_id, u.states, u.expires_at, false))) THEN
             v_keys := v_keys || r.key;
             v_buckets := v_buckets || r.bucket;
         END IF;
