@@ -424,3 +424,26 @@ def test_unique_state_machine(pg_dsn):
     UniqueMachine.TestCase.settings = settings(max_examples=15, stateful_step_count=25, deadline=None,
                                                suppress_health_check=list(HealthCheck))
     UniqueMachine.TestCase().runTest()
+
+
+def test_the_runtime_runs_unique_jobs_and_its_leader_sweeps_their_keys(pg_dsn, schema, storage, conn, tmp_path):
+    from tests.integration.runtime_helpers import SupervisorProc, wait_for
+
+    c = _client(pg_dsn, schema)
+    r = c.enqueue_many("rt.sync", [{"n": i % 300} for i in range(400)], unique=Unique())
+    assert (r.inserted, r.skipped) == (300, 100)
+    c.close()
+    keys = "SELECT count(*) FROM __SCHEMA__.unique_keys"
+    assert sql(conn, schema, keys)[0][0] == 300
+    with SupervisorProc(pg_dsn, schema, tmp_path) as sup:
+        wait_for(lambda: storage.queue_terminal_counts(conn).get(Q, {}).get("completed") == 300, 60,
+                 "the unique jobs to complete", on_timeout=sup.tail)
+        wait_for(lambda: sql(conn, schema, keys)[0][0] == 0, 30, "the leader to sweep the stale keys",
+                 on_timeout=sup.tail)
+        assert "swept" in sup.output()
+        # a released key is taken again at once, and the new job runs
+        again = _client(pg_dsn, schema)
+        job = again.enqueue("rt.sync", {"n": 1}, unique=Unique())
+        again.close()
+        wait_for(lambda: state(storage, conn, job) == "completed", 30, "the re-enqueued job to run")
+        assert sup.stop() == 0
