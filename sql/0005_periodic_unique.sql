@@ -249,38 +249,48 @@ END $$;
 
 -- Sweep stale keys (holder out of its holding states, or period ended):
 -- one batch of p_limit keys after (p_after_key, p_after_bucket) in key
--- order, locked SKIP LOCKED (a key being taken is skipped), each holder's
--- state read after the lock. Returns how many were deleted and where the
--- batch ended (NULL when it reached the end of the table).
+-- order. The batch is locked first (SKIP LOCKED: a key being taken is
+-- skipped); the delete is a second statement, so its snapshot is newer
+-- than the locks and sees the holder of a key taken over meanwhile. Set
+-- based: a terminal holder is found by one index probe per ready slot;
+-- a holder found nowhere (history pruned or purged) is released unless its
+-- mask names a terminal state and its period has not ended; a key whose
+-- mask leaves out a non-terminal state goes through unique_holds. A holder
+-- still in the ready ring holds when both available and running do (at
+-- worst a stale key is kept until its ready slot is pruned). Returns how
+-- many were deleted and where the batch ended (NULL at the end of the table).
 CREATE FUNCTION __SCHEMA__.unique_sweep(p_after_key bytea, p_after_bucket bigint, p_limit int,
     OUT swept int, OUT scanned int, OUT last_key bytea, OUT last_bucket bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
-    r record;
-    v_keys bytea[] := '{}';
-    v_buckets bigint[] := '{}';
+    v_keys bytea[];
+    v_buckets bigint[];
 BEGIN
-    scanned := 0;
-    FOR r IN
-        SELECT u.key, u.bucket FROM __SCHEMA__.unique_keys u
-        WHERE p_after_key IS NULL OR (u.key, u.bucket) > (p_after_key, p_after_bucket)
-        ORDER BY u.key, u.bucket LIMIT p_limit
-        FOR UPDATE SKIP LOCKED
-    LOOP
-        scanned := scanned + 1;
-        last_key := r.key;
-        last_bucket := r.bucket;
-        -- a new statement: a snapshot taken after the lock
-        IF EXISTS (SELECT 1 FROM __SCHEMA__.unique_keys u
-                   WHERE u.key = r.key AND u.bucket = r.bucket
-                     AND ((u.expires_at IS NOT NULL AND u.expires_at <= now())
-                          OR NOT __SCHEMA__.unique_holds(u.job_id, u.states, u.expires_at, false))) THEN
-            v_keys := v_keys || r.key;
-            v_buckets := v_buckets || r.bucket;
-        END IF;
-    END LOOP;
+    SELECT array_agg(b.key ORDER BY b.key, b.bucket), array_agg(b.bucket ORDER BY b.key, b.bucket), count(*)
+    INTO v_keys, v_buckets, scanned
+    FROM (SELECT u.key, u.bucket FROM __SCHEMA__.unique_keys u
+          WHERE p_after_key IS NULL OR (u.key, u.bucket) > (p_after_key, p_after_bucket)
+          ORDER BY u.key, u.bucket LIMIT p_limit
+          FOR UPDATE SKIP LOCKED) b;
+    IF scanned = 0 THEN
+        swept := 0;
+        RETURN;
+    END IF;
+    last_key := v_keys[scanned];
+    last_bucket := v_buckets[scanned];
     DELETE FROM __SCHEMA__.unique_keys u USING unnest(v_keys, v_buckets) AS x(k, b)
-    WHERE u.key = x.k AND u.bucket = x.b;
+    WHERE u.key = x.k AND u.bucket = x.b
+      AND ((u.expires_at IS NOT NULL AND u.expires_at <= now())
+           OR EXISTS (SELECT 1 FROM __SCHEMA__.done_entries d WHERE d.job_id = u.job_id
+                      AND (u.states & CASE d.state WHEN 1 THEN 64 WHEN 2 THEN 128 ELSE 256 END) = 0)
+           OR EXISTS (SELECT 1 FROM __SCHEMA__.dlq_entries q WHERE q.job_id = u.job_id AND (u.states & 512) = 0)
+           OR (NOT EXISTS (SELECT 1 FROM __SCHEMA__.done_entries d WHERE d.job_id = u.job_id)
+               AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.dlq_entries q WHERE q.job_id = u.job_id)
+               AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.deferred_jobs f WHERE f.job_id = u.job_id)
+               AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.leases l WHERE l.job_id = u.job_id)
+               AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.ready_entries e WHERE e.job_id = u.job_id)
+               AND NOT ((u.states & (64 | 128 | 256 | 512)) <> 0 AND COALESCE(u.expires_at > now(), false)))
+           OR ((u.states & 63) <> 63 AND NOT __SCHEMA__.unique_holds(u.job_id, u.states, u.expires_at, false)));
     GET DIAGNOSTICS swept = ROW_COUNT;
     IF scanned < p_limit THEN
         last_key := NULL;
