@@ -29,6 +29,7 @@ How a fire happens (storage in migration 0005):
 
 from __future__ import annotations
 
+import collections
 import datetime as _dt
 import logging
 from collections.abc import Callable, Iterator
@@ -139,19 +140,19 @@ def due_fires(cron: str, tz: str, missed: str, cap: int, start: _dt.datetime, pr
                 break
             skipped += 1
         return [Fire(newest, prev, skipped)]
-    due: list[_dt.datetime] = []
-    dropped = 0
+    window: collections.deque[_dt.datetime] = collections.deque(maxlen=cap)
+    seen = 0
     for t in ticks_after(cron, tz, start):
         if t > now:
             break
-        due.append(t)
-        if len(due) > cap:
-            due.pop(0)
-            dropped += 1
-            if dropped >= COUNT_LIMIT:
-                # too many to walk: keep the newest ``cap`` ending at ``newest``
-                due = _last_ticks(cron, tz, newest, cap)
-                break
+        window.append(t)
+        seen += 1
+        if seen - cap >= COUNT_LIMIT:
+            # too many to walk: keep the newest ``cap`` ending at ``newest``
+            window = collections.deque(_last_ticks(cron, tz, newest, cap))
+            break
+    dropped = max(0, seen - len(window))
+    due = list(window)
     fires = []
     for i, t in enumerate(due):
         fires.append(Fire(t, prev if i == 0 else due[i - 1], dropped if i == 0 else 0))
@@ -316,6 +317,7 @@ def evaluate(storage: Any, conn: psycopg.Connection,
             continue
         if not fires:
             continue
+        fired = 0
         try:
             with conn.transaction():
                 for f in fires:
@@ -323,7 +325,7 @@ def evaluate(storage: Any, conn: psycopg.Connection,
                     if on_fire is not None:
                         on_fire(name, f, outcome, job)
                     if outcome == "fired":
-                        enqueued += 1
+                        fired += 1
                     elif outcome != "held":
                         if outcome not in ("stale", "duplicate", "inactive"):
                             log.warning("schedule %s tick %s: %s", name, f.tick.isoformat(), outcome,
@@ -332,6 +334,7 @@ def evaluate(storage: Any, conn: psycopg.Connection,
                     if f.coalesced:
                         log.info("schedule %s fired %s, coalescing %d missed ticks", name, f.tick.isoformat(),
                                  f.coalesced, extra={"action": "schedule_coalesced"})
+            enqueued += fired  # committed
         except _Stop:
             pass  # rolled back: another evaluator moved the chain; the next evaluation continues from it
     return enqueued, len(rows)
