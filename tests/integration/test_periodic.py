@@ -170,7 +170,10 @@ def test_two_evaluators_fire_each_tick_exactly_once(pg_dsn, schema, storage):
     threads = [threading.Thread(target=evaluator, args=(c,)) for c in conns[:2]]
     for t in threads:
         t.start()
-    time.sleep(3.5)  # the schedule's own cadence: three or four ticks must come due
+    deadline = time.monotonic() + 20
+    while min(len(fires(storage, conns[2], n)) for n in ("per_second", "per_second_c")) < 4:
+        assert time.monotonic() < deadline, "the evaluators fired fewer than four ticks in 20 s"
+        time.sleep(0.05)
     stop.set()
     for t in threads:
         t.join(10)
