@@ -19,6 +19,7 @@ from awa_fast.client import (
 from awa_fast.errors import ConfigError
 from awa_fast.jobs import AttemptClosed, JobSpec
 from awa_fast.storage import connect
+from awa_fast.unique import Unique
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -40,7 +41,7 @@ class App(Client):
     # -- handlers ---------------------------------------------------------------
 
     def job(self, kind: str, *, queue: str | None = None, priority: int = PRIORITY_DEFAULT,
-            max_attempts: int = 25, args_type: type | None = None, unique: Any = None) -> Callable[[F], F]:
+            max_attempts: int = 25, args_type: type | None = None, unique: Unique | bool | None = None) -> Callable[[F], F]:
         """Register ``def handler(job)`` or ``async def handler(job)`` for ``kind``.
 
         ``args_type`` (a ``msgspec.Struct``) makes ``job.args`` a typed object.
@@ -89,7 +90,7 @@ class App(Client):
 
     def enqueue(self, kind: str, args: Any = None, *, queue: str | None = None, priority: int | None = None,
                 max_attempts: int | None = None, metadata: Any = None, run_at: Any = None,
-                delay: float | None = None, conn: psycopg.Connection | None = None, unique: Any = None) -> int:
+                delay: float | None = None, conn: psycopg.Connection | None = None, unique: Unique | bool | None = None) -> int:
         """Enqueue one job (defaults from the kind's registration); returns its id."""
         queue, priority, max_attempts = self._defaults(kind, queue, priority, max_attempts)
         return super().enqueue(kind, args, queue=queue, priority=priority, max_attempts=max_attempts,
@@ -99,7 +100,7 @@ class App(Client):
     async def enqueue_async(self, kind: str, args: Any = None, *, conn: psycopg.AsyncConnection,
                             queue: str | None = None, priority: int | None = None,
                             max_attempts: int | None = None, metadata: Any = None, run_at: Any = None,
-                            delay: float | None = None, unique: Any = None) -> int:
+                            delay: float | None = None, unique: Unique | bool | None = None) -> int:
         """Enqueue one job on an async connection, inside its transaction."""
         queue, priority, max_attempts = self._defaults(kind, queue, priority, max_attempts)
         return await super().enqueue_async(kind, args, conn=conn, queue=queue, priority=priority,
@@ -109,7 +110,7 @@ class App(Client):
     def enqueue_many(self, kind: str, args_list: Any, *, queue: str | None = None, priority: int | None = None,
                      max_attempts: int | None = None, metadata: Any = None,
                      conn: psycopg.Connection | None = None, chunk: int = 50_000, progress: Any = None,
-                     unique: Any = None) -> int:
+                     unique: Unique | bool | None = None) -> int:
         """Bulk-enqueue by binary COPY (defaults from the kind's registration)."""
         queue, priority, max_attempts = self._defaults(kind, queue, priority, max_attempts)
         return super().enqueue_many(kind, args_list, queue=queue, priority=priority, max_attempts=max_attempts,
@@ -119,7 +120,7 @@ class App(Client):
     async def enqueue_many_async(self, kind: str, args_list: Any, *, conn: psycopg.AsyncConnection,
                                  queue: str | None = None, priority: int | None = None,
                                  max_attempts: int | None = None, metadata: Any = None, chunk: int = 50_000,
-                                 progress: Any = None, unique: Any = None) -> int:
+                                 progress: Any = None, unique: Unique | bool | None = None) -> int:
         """Async bulk enqueue by binary COPY (defaults from the kind's registration)."""
         queue, priority, max_attempts = self._defaults(kind, queue, priority, max_attempts)
         return await super().enqueue_many_async(kind, args_list, conn=conn, queue=queue, priority=priority,
@@ -206,7 +207,7 @@ class App(Client):
     def periodic(self, name_or_cron: str, cron: str | None = None, kind: str | None = None, args: Any = None, *,
                  name: str | None = None, timezone: str = "UTC", queue: str | None = None,
                  priority: int | None = None, missed: str = "coalesce", catch_up_cap: int = 100,
-                 metadata: Any = None, max_attempts: int | None = None, unique: Any = None) -> Any:
+                 metadata: Any = None, max_attempts: int | None = None, unique: Unique | bool | None = None) -> Any:
         """Declare a periodic job, or (with only a cron) decorate a handler registered with :meth:`job`.
 
         ``app.periodic("report", "*/5 * * * *", "report.build", {"full": True})`` declares one;

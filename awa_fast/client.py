@@ -131,7 +131,7 @@ class Client:
     def enqueue(self, kind: str, args: Any = None, *, queue: str | None = None, priority: int | None = None,
                 max_attempts: int | None = None, metadata: Any = None, run_at: _dt.datetime | None = None,
                 delay: float | None = None, conn: psycopg.Connection | None = None,
-                unique: Any = None) -> int:
+                unique: _unique.Unique | bool | None = None) -> int:
         """Enqueue one job; returns its id. With ``conn`` it joins that connection's transaction.
 
         ``unique=awa_fast.Unique(...)`` raises :class:`awa_fast.UniqueConflict` when another job holds the key.
@@ -147,7 +147,7 @@ class Client:
                             queue: str | None = None, priority: int | None = None,
                             max_attempts: int | None = None, metadata: Any = None,
                             run_at: _dt.datetime | None = None, delay: float | None = None,
-                            unique: Any = None) -> int:
+                            unique: _unique.Unique | bool | None = None) -> int:
         """Enqueue one job on an async connection, inside its transaction."""
         q, prio, kind, a, m, attempts, when, wait = self._prepare(
             kind, args, queue, priority, max_attempts, metadata, run_at, delay)
@@ -172,7 +172,7 @@ class Client:
     def enqueue_many(self, kind: str, args_list: Iterable[Any], *, queue: str | None = None,
                      priority: int | None = None, max_attempts: int | None = None, metadata: Any = None,
                      conn: psycopg.Connection | None = None, chunk: int = 50_000,
-                     progress: Any = None, unique: Any = None) -> int:
+                     progress: Any = None, unique: _unique.Unique | bool | None = None) -> int:
         """Bulk-enqueue jobs of one kind by binary COPY; returns how many.
 
         With ``unique=awa_fast.Unique(...)`` duplicates (within the call or
@@ -208,7 +208,7 @@ class Client:
     async def enqueue_many_async(self, kind: str, args_list: Iterable[Any], *, conn: psycopg.AsyncConnection,
                                  queue: str | None = None, priority: int | None = None,
                                  max_attempts: int | None = None, metadata: Any = None, chunk: int = 50_000,
-                                 progress: Any = None, unique: Any = None) -> int:
+                                 progress: Any = None, unique: _unique.Unique | bool | None = None) -> int:
         """Async twin of :meth:`enqueue_many` on an async connection (joins its transaction)."""
         q, prio, payloads, m, attempts, progress = self._prepare_many(
             kind, args_list, queue, priority, max_attempts, metadata, progress)
