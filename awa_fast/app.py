@@ -1,10 +1,26 @@
-"""The application object users write against: handlers, enqueue, callbacks."""
+"""The application object users write against: handlers, enqueue, jobs, queues, the DLQ, callbacks.
+
+Every method that touches the database takes ``conn=`` to run inside the
+caller's own transaction (it commits or rolls back with the caller's
+data); without it the app uses an autocommit connection from its own pool
+(``psycopg_pool``), so each call commits at once in one round trip (calls of
+several statements run in one transaction). Each has an ``_async`` twin for
+``psycopg.AsyncConnection`` (without ``conn=`` it uses the app's async pool,
+opened on first use in the running event loop).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import inspect
-from collections.abc import Callable
-from typing import Any, TypeVar
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any, Literal, TypeVar, overload
 
 import psycopg
 
@@ -16,35 +32,256 @@ from awa_fast.client import (
     validate_name,
     validate_priority,
 )
-from awa_fast.errors import ConfigError
+from awa_fast.errors import ConfigError, DatabaseUnavailable, JobNotCompleted, OutOfRange, UnknownJob
 from awa_fast.jobs import AttemptClosed, JobSpec
-from awa_fast.storage import connect
+from awa_fast.records import JOB_STATES, DlqEntry, JobInfo, QueueSettings, flag, int_in, seconds
+from awa_fast.storage import connect, redact_dsn
 from awa_fast.unique import Unique
 
 F = TypeVar("F", bound=Callable[..., Any])
+log = logging.getLogger("awa_fast.app")
+
+DEFAULT_SCHEMA = "awa_fast"
+JOB_ID_MAX = 2**63 - 1
+LIST_LIMIT_MAX = 10_000
+
+
+class _Keep:
+    """Marker: leave this setting as it is."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "KEEP"
+
+
+KEEP: Any = _Keep()
+
+
+# -- the one DSN and schema rule (the CLI and supervise use these too) ------------------
+
+
+def dsn_from_environment(explicit: str | None = None) -> tuple[str | None, str]:
+    """The configured DSN and where it came from, without starting anything.
+
+    The rule everywhere: an explicit DSN (``--dsn``, ``App(dsn=...)``), then
+    ``AWA_FAST_DSN``, then ``DATABASE_URL``; ``(None, "embedded")`` when none is
+    set. A DSN that cannot be parsed raises :class:`ConfigError`.
+    """
+    for value, source in ((explicit, "argument"), (os.environ.get("AWA_FAST_DSN"), "AWA_FAST_DSN"),
+                          (os.environ.get("DATABASE_URL"), "DATABASE_URL")):
+        if value:
+            check_dsn(value)
+            return value, source
+    return None, "embedded"
+
+
+def resolve_dsn(explicit: str | None = None, home: Any = None) -> tuple[str, str]:
+    """:func:`dsn_from_environment`, else the embedded server under ``home`` (started if needed)."""
+    dsn, source = dsn_from_environment(explicit)
+    if dsn is not None:
+        return dsn, source
+    from awa_fast.embedded import ensure_embedded
+
+    return ensure_embedded(home), "embedded"
+
+
+def check_dsn(dsn: str) -> None:
+    """Raise :class:`ConfigError` (without echoing the DSN) if ``dsn`` cannot be parsed."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        raise ConfigError("invalid DSN: it could not be parsed; use 'postgresql://user@host:port/dbname' "
+                          "or 'host=... dbname=...'") from None
+
+
+def resolve_schema(explicit: str | None = None) -> str:
+    """The schema: explicit (``--schema``, ``App(schema=...)``), then ``AWA_FAST_SCHEMA``, then ``awa_fast``."""
+    return explicit or os.environ.get("AWA_FAST_SCHEMA") or DEFAULT_SCHEMA
+
+
+def _job_id(value: object, what: str = "job_id") -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= JOB_ID_MAX:
+        raise OutOfRange(what, value, 1, JOB_ID_MAX)
+    return value
+
+
+def _ids(job_ids: Iterable[int] | None) -> list[int] | None:
+    return None if job_ids is None else [_job_id(j) for j in job_ids]
+
+
+def _token(token: object) -> uuid.UUID | None:
+    if isinstance(token, uuid.UUID):
+        return token
+    try:
+        return uuid.UUID(str(token))
+    except ValueError:
+        return None
 
 
 class App(Client):
-    """An awa-fast application: a handler registry plus enqueue and callback APIs.
+    """An awa-fast application: a handler registry plus the whole public API.
 
-    ``App(dsn=None)`` uses the embedded PostgreSQL server (started on first
-    use under ``$AWA_FAST_HOME``). Register handlers with :meth:`job`, run
-    them with ``awa-fast supervise module:app``.
+    ``dsn=None`` follows the rule of the CLI: ``AWA_FAST_DSN``, then
+    ``DATABASE_URL``, else the embedded server (started on first use under
+    ``$AWA_FAST_HOME``); the server in use is logged once. ``schema=None``
+    means ``AWA_FAST_SCHEMA``, else ``awa_fast``. Enqueue of a kind no
+    handler registers needs ``queue=`` (or ``default_queue=`` here, the
+    explicit opt-in). Use it as a context manager to close its pools; it is
+    safe to share across threads. Run handlers with ``awa-fast supervise
+    module:app``.
     """
 
-    def __init__(self, dsn: str | None = None, schema: str = "awa_fast", *, default_queue: str = "default",
-                 max_payload_bytes: int = 1 << 20) -> None:
-        super().__init__(dsn, schema, default_queue=default_queue, max_payload_bytes=max_payload_bytes)
+    def __init__(self, dsn: str | None = None, schema: str | None = None, *, default_queue: str | None = None,
+                 max_payload_bytes: int = 1 << 20, pool_size: int = 4) -> None:
+        self._dsn: str | None = None
+        self._resolved: tuple[str, str] | None = None
+        self._lock = threading.RLock()
+        self._pool_obj: Any = None
+        self._apool_obj: Any = None
+        super().__init__(dsn, resolve_schema(schema), default_queue=default_queue or "default",
+                         max_payload_bytes=max_payload_bytes)
+        self.fallback_queue = None if default_queue is None else validate_name("queue", default_queue)
+        self.pool_size = int_in("pool_size", pool_size, 1, 1000)
         self.registry: dict[str, JobSpec] = {}
         self.flush_listeners: list[Callable[[list[AttemptClosed]], None]] = []
 
-    # -- handlers ---------------------------------------------------------------
+    # -- lifecycle --------------------------------------------------------------------
+
+    @property
+    def dsn(self) -> str | None:
+        """The DSN given explicitly (None: resolved from the environment or the embedded server)."""
+        return self._dsn
+
+    @dsn.setter
+    def dsn(self, value: str | None) -> None:
+        if self._pool_obj is not None or self._apool_obj is not None:
+            raise ConfigError("set App.dsn before the app's first database call (its pools are open)")
+        self._dsn = value
+        self._resolved = None
+
+    def __enter__(self) -> App:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> App:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def close(self) -> None:
+        """Close the app's own connections (never the ones passed in as ``conn=``)."""
+        with self._lock:
+            pool, self._pool_obj = self._pool_obj, None
+        if pool is not None:
+            pool.close()
+        super().close()
+
+    async def aclose(self) -> None:
+        """Close the async pool (and the sync one)."""
+        with self._lock:
+            apool, self._apool_obj = self._apool_obj, None
+        if apool is not None:
+            await apool.close()
+        self.close()
+
+    def resolve_dsn(self) -> str:
+        """The DSN in use (see the class docstring); starts the embedded server when none is configured."""
+        with self._lock:
+            if self._resolved is None:
+                self._resolved = resolve_dsn(self._dsn)
+                dsn, source = self._resolved
+                log.info("awa-fast app (schema %s) uses PostgreSQL at %s (from %s)", self.storage.schema,
+                         redact_dsn(dsn), "the embedded server" if source == "embedded" else source,
+                         extra={"action": "dsn"})
+            return self._resolved[0]
+
+    def _application_name(self) -> str:
+        return f"awa_fast:app:{self.storage.schema}"
+
+    def _own_conn(self) -> psycopg.Connection:
+        if self._conn is None or self._conn.closed:
+            self._conn = connect(self.resolve_dsn(), application_name=self._application_name())
+        return self._conn
+
+    def _pool(self) -> Any:
+        with self._lock:
+            if self._pool_obj is None:
+                from psycopg_pool import ConnectionPool
+
+                dsn = self.resolve_dsn()
+                probe = connect(dsn, application_name=self._application_name())
+                try:
+                    self.storage.schema_check(probe)
+                finally:
+                    probe.close()
+                self._pool_obj = ConnectionPool(dsn, min_size=1, max_size=self.pool_size, open=True,
+                                                name=f"awa_fast:{self.storage.schema}",
+                                                kwargs={"application_name": self._application_name(), "autocommit": True})
+            return self._pool_obj
+
+    async def _apool(self) -> Any:
+        if self._apool_obj is None:
+            from psycopg_pool import AsyncConnectionPool
+
+            dsn = self.resolve_dsn()
+            try:
+                probe = await psycopg.AsyncConnection.connect(dsn, autocommit=True, connect_timeout=10,
+                                                              application_name=self._application_name())
+            except psycopg.OperationalError:
+                raise DatabaseUnavailable(f"cannot connect to PostgreSQL at {redact_dsn(dsn)}; "
+                                          "check the DSN and that the server runs") from None
+            try:
+                await self.storage.schema_check_async(probe)
+            finally:
+                await probe.close()
+            pool = AsyncConnectionPool(dsn, min_size=1, max_size=self.pool_size, open=False,
+                                       name=f"awa_fast:{self.storage.schema}:async",
+                                       kwargs={"application_name": self._application_name(), "autocommit": True})
+            await pool.open()  # opened before it is published: nobody sees a closed pool
+            with self._lock:
+                extra = pool if self._apool_obj is not None else None
+                if extra is None:
+                    self._apool_obj = pool
+            if extra is not None:
+                await extra.close()
+        return self._apool_obj
+
+    def _conn_scope(self, conn: psycopg.Connection | None) -> contextlib.AbstractContextManager[psycopg.Connection]:
+        if conn is not None:
+            return contextlib.nullcontext(conn)
+        return self._pool().connection()  # type: ignore[no-any-return]
+
+    @contextlib.asynccontextmanager
+    async def _aconn_scope(self, conn: psycopg.AsyncConnection | None) -> AsyncIterator[psycopg.AsyncConnection]:
+        if conn is not None:
+            yield conn
+            return
+        pool = await self._apool()
+        async with pool.connection() as c:
+            yield c
+
+    def migrate(self) -> None:
+        """Install or upgrade the schema (idempotent)."""
+        from awa_fast.storage.migrate import migrate
+
+        migrate(self.resolve_dsn(), self.storage.schema)
+
+    # -- handlers ---------------------------------------------------------------------
 
     def job(self, kind: str, *, queue: str | None = None, priority: int = PRIORITY_DEFAULT,
-            max_attempts: int = 25, args_type: type | None = None, unique: Unique | bool | None = None) -> Callable[[F], F]:
+            max_attempts: int = 25, args_type: type | None = None,
+            unique: Unique | bool | None = None) -> Callable[[F], F]:
         """Register ``def handler(job)`` or ``async def handler(job)`` for ``kind``.
 
-        ``args_type`` (a ``msgspec.Struct``) makes ``job.args`` a typed object.
+        ``queue`` defaults to the app's ``default_queue`` (else ``default``).
+        ``args_type`` (a ``msgspec.Struct`` or dataclass) makes ``job.args``
+        a typed object; type the handler as ``awa_fast.Job[ArgsType]``.
         ``unique=awa_fast.Unique(...)`` makes every enqueue of the kind unique by default.
         """
         validate_name("kind", kind)
@@ -77,12 +314,21 @@ class App(Client):
         """Queues that registered handlers use."""
         return sorted({spec.queue for spec in self.registry.values()})
 
-    # -- enqueue (registry defaults) --------------------------------------------
+    # -- enqueue (registry defaults) ----------------------------------------------------
 
     def _defaults(self, kind: str, queue: str | None, priority: int | None,
                   max_attempts: int | None) -> tuple[str | None, int | None, int | None]:
         spec = self.registry.get(kind)
         if spec is None:
+            if queue is None:
+                queue = self.fallback_queue
+            if queue is None:
+                validate_name("kind", kind)
+                raise ConfigError(
+                    f"no handler is registered for kind {kind!r} and no queue= was given, so no worker "
+                    f"would ever run it: register it with @app.job({kind!r}, queue=...) in this process, "
+                    "pass queue= to enqueue, or create the App with default_queue=... to send unregistered "
+                    "kinds there")
             return queue, priority, max_attempts
         return (queue if queue is not None else spec.queue,
                 priority if priority is not None else spec.priority,
@@ -90,88 +336,514 @@ class App(Client):
 
     def enqueue(self, kind: str, args: Any = None, *, queue: str | None = None, priority: int | None = None,
                 max_attempts: int | None = None, metadata: Any = None, run_at: Any = None,
-                delay: float | None = None, conn: psycopg.Connection | None = None, unique: Unique | bool | None = None) -> int:
-        """Enqueue one job (defaults from the kind's registration); returns its id."""
+                delay: float | None = None, conn: psycopg.Connection | None = None,
+                unique: Unique | bool | None = None) -> int:
+        """Enqueue one job (defaults from the kind's registration); returns its id.
+
+        ``args`` may be a dict, a ``msgspec.Struct``, a dataclass (datetime,
+        UUID and Decimal fields encode as JSON strings); ``run_at`` (aware
+        datetime) or ``delay`` (seconds) schedules it.
+        """
         queue, priority, max_attempts = self._defaults(kind, queue, priority, max_attempts)
         return super().enqueue(kind, args, queue=queue, priority=priority, max_attempts=max_attempts,
                                metadata=metadata, run_at=run_at, delay=delay, conn=conn,
                                unique=self._unique_for(kind, unique))
 
-    async def enqueue_async(self, kind: str, args: Any = None, *, conn: psycopg.AsyncConnection,
+    async def enqueue_async(self, kind: str, args: Any = None, *, conn: psycopg.AsyncConnection | None = None,
                             queue: str | None = None, priority: int | None = None,
                             max_attempts: int | None = None, metadata: Any = None, run_at: Any = None,
                             delay: float | None = None, unique: Unique | bool | None = None) -> int:
-        """Enqueue one job on an async connection, inside its transaction."""
+        """Async twin of :meth:`enqueue`."""
         queue, priority, max_attempts = self._defaults(kind, queue, priority, max_attempts)
-        return await super().enqueue_async(kind, args, conn=conn, queue=queue, priority=priority,
-                                           max_attempts=max_attempts, metadata=metadata, run_at=run_at,
-                                           delay=delay, unique=self._unique_for(kind, unique))
+        async with self._aconn_scope(conn) as c:
+            return await super().enqueue_async(kind, args, conn=c, queue=queue, priority=priority,
+                                               max_attempts=max_attempts, metadata=metadata, run_at=run_at,
+                                               delay=delay, unique=self._unique_for(kind, unique))
+
+    @overload
+    def enqueue_many(self, kind: str, args_list: Any, *, queue: str | None = ..., priority: int | None = ...,
+                     max_attempts: int | None = ..., metadata: Any = ..., conn: psycopg.Connection | None = ...,
+                     chunk: int = ..., progress: Any = ..., return_ids: Literal[False] = ...,
+                     unique: Unique | bool | None = ...) -> int: ...
+
+    @overload
+    def enqueue_many(self, kind: str, args_list: Any, *, queue: str | None = ..., priority: int | None = ...,
+                     max_attempts: int | None = ..., metadata: Any = ..., conn: psycopg.Connection | None = ...,
+                     chunk: int = ..., progress: Any = ..., return_ids: Literal[True],
+                     unique: Unique | bool | None = ...) -> list[int]: ...
 
     def enqueue_many(self, kind: str, args_list: Any, *, queue: str | None = None, priority: int | None = None,
                      max_attempts: int | None = None, metadata: Any = None,
                      conn: psycopg.Connection | None = None, chunk: int = 50_000, progress: Any = None,
-                     unique: Unique | bool | None = None) -> int:
-        """Bulk-enqueue by binary COPY (defaults from the kind's registration)."""
+                     return_ids: bool = False, unique: Unique | bool | None = None) -> int | list[int]:
+        """Bulk-enqueue by binary COPY (defaults from the kind's registration).
+
+        Returns how many, or their ids in order with ``return_ids=True``. With
+        ``unique=`` (or the kind's default) duplicates are skipped and the result
+        is a :class:`awa_fast.unique.UniqueManyResult`.
+        """
         queue, priority, max_attempts = self._defaults(kind, queue, priority, max_attempts)
         return super().enqueue_many(kind, args_list, queue=queue, priority=priority, max_attempts=max_attempts,
                                     metadata=metadata, conn=conn, chunk=chunk, progress=progress,
-                                    unique=self._unique_for(kind, unique))
+                                    return_ids=return_ids, unique=self._unique_for(kind, unique))
 
-    async def enqueue_many_async(self, kind: str, args_list: Any, *, conn: psycopg.AsyncConnection,
+    async def enqueue_many_async(self, kind: str, args_list: Any, *, conn: psycopg.AsyncConnection | None = None,
                                  queue: str | None = None, priority: int | None = None,
                                  max_attempts: int | None = None, metadata: Any = None, chunk: int = 50_000,
-                                 progress: Any = None, unique: Unique | bool | None = None) -> int:
-        """Async bulk enqueue by binary COPY (defaults from the kind's registration)."""
+                                 progress: Any = None, return_ids: bool = False,
+                                 unique: Unique | bool | None = None) -> Any:
+        """Async twin of :meth:`enqueue_many`."""
         queue, priority, max_attempts = self._defaults(kind, queue, priority, max_attempts)
-        return await super().enqueue_many_async(kind, args_list, conn=conn, queue=queue, priority=priority,
-                                                max_attempts=max_attempts, metadata=metadata, chunk=chunk,
-                                                progress=progress, unique=self._unique_for(kind, unique))
+        async with self._aconn_scope(conn) as c:
+            return await super().enqueue_many_async(kind, args_list, conn=c, queue=queue, priority=priority,
+                                                    max_attempts=max_attempts, metadata=metadata, chunk=chunk,
+                                                    progress=progress, return_ids=return_ids,
+                                                    unique=self._unique_for(kind, unique))
 
-    # -- callbacks ----------------------------------------------------------------
+    # -- jobs -----------------------------------------------------------------------------
 
-    def complete_callback(self, token: str, *, conn: psycopg.Connection | None = None) -> bool:
-        """Complete a job parked with ``WaitForCallback``; False if the token is unknown or resolved."""
+    def get_job(self, job_id: int, *, conn: psycopg.Connection | None = None) -> JobInfo | None:
+        """The job wherever it lives now, or None if it never existed (or its history was pruned)."""
+        jid = _job_id(job_id)
+        with self._conn_scope(conn) as c:
+            row = self.storage.job_load_many(c, [jid])[0]
+        return None if row is None else JobInfo.from_row(row)
+
+    async def get_job_async(self, job_id: int, *, conn: psycopg.AsyncConnection | None = None) -> JobInfo | None:
+        """Async twin of :meth:`get_job`."""
+        jid = _job_id(job_id)
+        async with self._aconn_scope(conn) as c:
+            row = (await self.storage.job_load_many_async(c, [jid]))[0]
+        return None if row is None else JobInfo.from_row(row)
+
+    @staticmethod
+    def _list_args(queue: str | None, kind: str | None, state: str | None, limit: int,
+                   before_id: int | None) -> dict[str, Any]:
+        if queue is not None:
+            validate_name("queue", queue)
+        if kind is not None:
+            validate_name("kind", kind)
+        if state is not None and state not in JOB_STATES:
+            raise ConfigError(f"state={state!r} is not a job state; use one of: {', '.join(JOB_STATES)}")
+        return {"queue": queue, "kind": kind, "state": state, "limit": int_in("limit", limit, 1, LIST_LIMIT_MAX),
+                "before_id": None if before_id is None else _job_id(before_id, "before_id")}
+
+    def list_jobs(self, queue: str | None = None, kind: str | None = None, state: str | None = None,
+                  limit: int = 100, before_id: int | None = None, *,
+                  conn: psycopg.Connection | None = None) -> list[JobInfo]:
+        """Jobs newest id first, optionally of one queue, kind and state (one of :data:`JOB_STATES`).
+
+        Page with ``before_id=`` the last id of the previous page. Ids order
+        jobs within a lane; across lanes and for scheduled jobs they are not
+        a strict time order. Terminal jobs are listed while their history lives.
+        """
+        kw = self._list_args(queue, kind, state, limit, before_id)
+        with self._conn_scope(conn) as c:
+            return [JobInfo.from_row(r) for r in self.storage.job_list(c, **kw)]
+
+    async def list_jobs_async(self, queue: str | None = None, kind: str | None = None, state: str | None = None,
+                              limit: int = 100, before_id: int | None = None, *,
+                              conn: psycopg.AsyncConnection | None = None) -> list[JobInfo]:
+        """Async twin of :meth:`list_jobs`."""
+        kw = self._list_args(queue, kind, state, limit, before_id)
+        async with self._aconn_scope(conn) as c:
+            return [JobInfo.from_row(r) for r in await self.storage.job_list_async(c, **kw)]
+
+    def cancel(self, job_id: int, *, conn: psycopg.Connection | None = None) -> bool:
+        """Cancel a job: True when it was cancelled, or (running) its handler was asked to stop.
+
+        False when it is already terminal or unknown.
+        """
+        jid = _job_id(job_id)
+        with self._conn_scope(conn) as c:
+            return self.storage.job_cancel(c, jid) in ("cancelled", "cancel_requested")
+
+    async def cancel_async(self, job_id: int, *, conn: psycopg.AsyncConnection | None = None) -> bool:
+        """Async twin of :meth:`cancel`."""
+        jid = _job_id(job_id)
+        async with self._aconn_scope(conn) as c:
+            return await self.storage.job_cancel_async(c, jid) in ("cancelled", "cancel_requested")
+
+    def retry(self, job_id: int, *, conn: psycopg.Connection | None = None) -> bool:
+        """Run a job again now: a DLQ job goes back to ready with fresh attempts, a scheduled,
+        retryable or snoozed one becomes due. False for any other state (or an unknown job)."""
+        jid = _job_id(job_id)
+        with self._conn_scope(conn) as c:
+            return self.storage.job_retry(c, jid) is not None
+
+    async def retry_async(self, job_id: int, *, conn: psycopg.AsyncConnection | None = None) -> bool:
+        """Async twin of :meth:`retry`."""
+        jid = _job_id(job_id)
+        async with self._aconn_scope(conn) as c:
+            return await self.storage.job_retry_async(c, jid) is not None
+
+    @staticmethod
+    def _wait_timeout(timeout: float | None) -> float | None:
+        return None if timeout is None else seconds("timeout", timeout, low=0.0)
+
+    @staticmethod
+    def _timed_out(job_id: int, info: JobInfo, timeout: float | None) -> TimeoutError:
+        return TimeoutError(f"job {job_id} is still {info.state} (attempt {info.attempt}) after {timeout} s; "
+                            "wait longer, or check that a worker serves its queue "
+                            f"{info.queue!r} (`awa-fast status`)")
+
+    def wait(self, job_id: int, timeout: float | None = None, *, conn: psycopg.Connection | None = None,
+             poll_interval: float = 0.5) -> JobInfo:
+        """Block until the job is terminal (completed, failed, cancelled, dlq) and return it.
+
+        Polls with a backoff from 10 ms up to ``poll_interval``. Raises
+        :class:`TimeoutError` after ``timeout`` seconds and
+        :class:`UnknownJob` if the job does not exist (an enqueue not yet
+        committed is not visible to other connections). With ``conn=``, each
+        poll runs on that connection: under READ COMMITTED it sees every new
+        commit, inside a REPEATABLE READ transaction it never would.
+        """
+        jid = _job_id(job_id)
+        limit = self._wait_timeout(timeout)
+        deadline = None if limit is None else time.monotonic() + limit
+        delay = 0.01
+        while True:
+            info = self.get_job(jid, conn=conn)
+            if info is None:
+                raise UnknownJob(jid)
+            if info.terminal:
+                return info
+            if deadline is not None and time.monotonic() >= deadline:
+                raise self._timed_out(jid, info, timeout)
+            pause = delay if deadline is None else min(delay, max(deadline - time.monotonic(), 0.0))
+            time.sleep(pause)
+            delay = min(delay * 2, poll_interval)
+
+    async def wait_async(self, job_id: int, timeout: float | None = None, *,
+                         conn: psycopg.AsyncConnection | None = None, poll_interval: float = 0.5) -> JobInfo:
+        """Async twin of :meth:`wait`."""
+        jid = _job_id(job_id)
+        limit = self._wait_timeout(timeout)
+        loop = asyncio.get_running_loop()
+        deadline = None if limit is None else loop.time() + limit
+        delay = 0.01
+        while True:
+            info = await self.get_job_async(jid, conn=conn)
+            if info is None:
+                raise UnknownJob(jid)
+            if info.terminal:
+                return info
+            if deadline is not None and loop.time() >= deadline:
+                raise self._timed_out(jid, info, timeout)
+            pause = delay if deadline is None else min(delay, max(deadline - loop.time(), 0.0))
+            await asyncio.sleep(pause)
+            delay = min(delay * 2, poll_interval)
+
+    @staticmethod
+    def _result_of(job_id: int, info: JobInfo | None) -> Any:
+        if info is None:
+            raise UnknownJob(job_id)
+        if info.state != "completed":
+            raise JobNotCompleted(job_id, info.state, info.error)
+        return info.result
+
+    def result(self, job_id: int, *, conn: psycopg.Connection | None = None) -> Any:
+        """The completed job's stored result.
+
+        Raises :class:`JobNotCompleted` (with its state) for a job that has
+        not completed and :class:`UnknownJob` for an unknown one (or one whose
+        history passed its queue's ``history_retention``). A handler that
+        returned None leaves None.
+        """
+        jid = _job_id(job_id)
+        return self._result_of(jid, self.get_job(jid, conn=conn))
+
+    async def result_async(self, job_id: int, *, conn: psycopg.AsyncConnection | None = None) -> Any:
+        """Async twin of :meth:`result`."""
+        jid = _job_id(job_id)
+        return self._result_of(jid, await self.get_job_async(jid, conn=conn))
+
+    # -- queues -------------------------------------------------------------------------
+
+    def _settings_args(self, name: str, deadline: Any, heartbeat_timeout: Any, dlq: Any, dlq_retention: Any,
+                       aging_interval: Any, enqueue_shards: Any, history_retention: Any) -> dict[str, Any]:
+        validate_name("queue", name)
+        kw: dict[str, Any] = {
+            "deadline": False if deadline is KEEP else (None if deadline in (None, 0) else seconds("deadline", deadline)),
+            "heartbeat_timeout": None if heartbeat_timeout is None else seconds("heartbeat_timeout", heartbeat_timeout),
+            "dlq_enabled": None if dlq is None else flag("dlq", dlq),
+            "dlq_retention": None if dlq_retention is None else seconds("dlq_retention", dlq_retention),
+            "aging_interval": None if aging_interval is None else seconds("aging_interval", aging_interval),
+            "enqueue_shards": None if enqueue_shards is None else int_in("enqueue_shards", enqueue_shards, 1, 64),
+        }
+        if history_retention is not None:
+            kw["history_retention"] = seconds("history_retention", history_retention, low=1.0)
+        return kw
+
+    def configure_queue(self, name: str, *, deadline: float | None = KEEP, heartbeat_timeout: float | None = None,
+                        dlq: bool | None = None, dlq_retention: float | None = None,
+                        aging_interval: float | None = None, enqueue_shards: int | None = None,
+                        history_retention: float | None = None,
+                        conn: psycopg.Connection | None = None) -> QueueSettings:
+        """Create or change a queue's settings; returns them as stored.
+
+        Durations are seconds. An argument left out keeps its value;
+        ``deadline=None`` (or 0) removes the per-attempt deadline.
+        ``history_retention`` (seconds) is how long the queue's terminal jobs
+        stay visible to :meth:`get_job` at least; the ready ring rotates so
+        that the longest retention of any queue holds (see docs/storage.md
+        for the disk cost).
+        """
+        kw = self._settings_args(name, deadline, heartbeat_timeout, dlq, dlq_retention, aging_interval,
+                                 enqueue_shards, history_retention)
+        with self._conn_scope(conn) as c, (c.transaction() if c.autocommit else contextlib.nullcontext()):
+            self.storage.queue_configure(c, name, **kw)
+            return QueueSettings.from_row(self.storage.queue_settings(c, name)[0])
+
+    async def configure_queue_async(self, name: str, *, deadline: float | None = KEEP,
+                                    heartbeat_timeout: float | None = None, dlq: bool | None = None,
+                                    dlq_retention: float | None = None, aging_interval: float | None = None,
+                                    enqueue_shards: int | None = None, history_retention: float | None = None,
+                                    conn: psycopg.AsyncConnection | None = None) -> QueueSettings:
+        """Async twin of :meth:`configure_queue`."""
+        kw = self._settings_args(name, deadline, heartbeat_timeout, dlq, dlq_retention, aging_interval,
+                                 enqueue_shards, history_retention)
+        async with self._aconn_scope(conn) as c, (c.transaction() if c.autocommit else contextlib.nullcontext()):
+            await self.storage.queue_configure_async(c, name, **kw)
+            return QueueSettings.from_row((await self.storage.queue_settings_async(c, name))[0])
+
+    @staticmethod
+    def _one_queue(name: str, rows: list[dict[str, Any]]) -> QueueSettings:
+        if not rows:
+            raise ConfigError(f"no queue {name!r}: it is created by its first enqueue or by app.configure_queue")
+        return QueueSettings.from_row(rows[0])
+
+    def queue_settings(self, name: str, *, conn: psycopg.Connection | None = None) -> QueueSettings:
+        """A queue's settings; :class:`ConfigError` if the queue does not exist."""
+        validate_name("queue", name)
+        with self._conn_scope(conn) as c:
+            return self._one_queue(name, self.storage.queue_settings(c, name))
+
+    async def queue_settings_async(self, name: str, *,
+                                   conn: psycopg.AsyncConnection | None = None) -> QueueSettings:
+        """Async twin of :meth:`queue_settings`."""
+        validate_name("queue", name)
+        async with self._aconn_scope(conn) as c:
+            return self._one_queue(name, await self.storage.queue_settings_async(c, name))
+
+    def list_queues(self, *, conn: psycopg.Connection | None = None) -> list[QueueSettings]:
+        """Settings of every queue, by name."""
+        with self._conn_scope(conn) as c:
+            return [QueueSettings.from_row(r) for r in self.storage.queue_settings(c, None)]
+
+    async def list_queues_async(self, *, conn: psycopg.AsyncConnection | None = None) -> list[QueueSettings]:
+        """Async twin of :meth:`list_queues`."""
+        async with self._aconn_scope(conn) as c:
+            return [QueueSettings.from_row(r) for r in await self.storage.queue_settings_async(c, None)]
+
+    def pause(self, name: str, *, conn: psycopg.Connection | None = None) -> bool:
+        """Stop claims on a queue (running jobs finish); False if there is no such queue."""
+        validate_name("queue", name)
+        with self._conn_scope(conn) as c:
+            return self.storage.queue_pause(c, name, True)
+
+    async def pause_async(self, name: str, *, conn: psycopg.AsyncConnection | None = None) -> bool:
+        """Async twin of :meth:`pause`."""
+        validate_name("queue", name)
+        async with self._aconn_scope(conn) as c:
+            return await self.storage.queue_pause_async(c, name, True)
+
+    def resume(self, name: str, *, conn: psycopg.Connection | None = None) -> bool:
+        """Let claims on a paused queue start again; False if there is no such queue."""
+        validate_name("queue", name)
+        with self._conn_scope(conn) as c:
+            return self.storage.queue_pause(c, name, False)
+
+    async def resume_async(self, name: str, *, conn: psycopg.AsyncConnection | None = None) -> bool:
+        """Async twin of :meth:`resume`."""
+        validate_name("queue", name)
+        async with self._aconn_scope(conn) as c:
+            return await self.storage.queue_pause_async(c, name, False)
+
+    @staticmethod
+    def _counts_of(queue: str | None, counts: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+        states = ("available", "running", "waiting", "scheduled", "retryable", "snoozed", "completed",
+                  "failed", "cancelled", "dlq")
+        picked = counts if queue is None else {queue: counts.get(queue, {})}
+        return {q: {s: by_state.get(s, 0) for s in states} for q, by_state in sorted(picked.items())}
+
+    def counts(self, queue: str | None = None, *, conn: psycopg.Connection | None = None) -> dict[str, dict[str, int]]:
+        """Exact job counts per queue and state (every state present, zeros included).
+
+        ``waiting`` counts jobs parked for a callback. It scans the live
+        rings: an admin read, not something to call in a hot loop.
+        """
+        if queue is not None:
+            validate_name("queue", queue)
+        with self._conn_scope(conn) as c:
+            return self._counts_of(queue, self.storage.queue_counts_exact(c))
+
+    async def counts_async(self, queue: str | None = None, *,
+                           conn: psycopg.AsyncConnection | None = None) -> dict[str, dict[str, int]]:
+        """Async twin of :meth:`counts`."""
+        if queue is not None:
+            validate_name("queue", queue)
+        async with self._aconn_scope(conn) as c:
+            return self._counts_of(queue, await self.storage.queue_counts_exact_async(c))
+
+    # -- DLQ ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _dlq_filter(job_ids: Iterable[int] | None, queue: str | None, what: str) -> tuple[list[int] | None, str | None]:
+        ids = _ids(job_ids)
+        if queue is not None:
+            validate_name("queue", queue)
+        if ids is None and queue is None:
+            raise ConfigError(f"dlq_{what}: give job_ids=, queue= or both (both: entries matching both)")
+        return ids, queue
+
+    def dlq_list(self, queue: str | None = None, limit: int = 100, *,
+                 conn: psycopg.Connection | None = None) -> list[DlqEntry]:
+        """Dead-lettered jobs, newest first (of one queue, or all)."""
+        if queue is not None:
+            validate_name("queue", queue)
+        n = int_in("limit", limit, 1, LIST_LIMIT_MAX)
+        with self._conn_scope(conn) as c:
+            return [DlqEntry.from_row(r) for r in self.storage.dlq_select(c, None, queue, n)]
+
+    async def dlq_list_async(self, queue: str | None = None, limit: int = 100, *,
+                             conn: psycopg.AsyncConnection | None = None) -> list[DlqEntry]:
+        """Async twin of :meth:`dlq_list`."""
+        if queue is not None:
+            validate_name("queue", queue)
+        n = int_in("limit", limit, 1, LIST_LIMIT_MAX)
+        async with self._aconn_scope(conn) as c:
+            return [DlqEntry.from_row(r) for r in await self.storage.dlq_select_async(c, None, queue, n)]
+
+    def dlq_retry(self, job_ids: Iterable[int] | None = None, queue: str | None = None, *,
+                  conn: psycopg.Connection | None = None) -> list[int]:
+        """Move DLQ entries (these ids, this queue, or both filters at once) back to ready with fresh
+        attempts; returns the ids moved."""
+        ids, q = self._dlq_filter(job_ids, queue, "retry")
+        with self._conn_scope(conn) as c:
+            return self.storage.dlq_retry_where(c, ids, q)
+
+    async def dlq_retry_async(self, job_ids: Iterable[int] | None = None, queue: str | None = None, *,
+                              conn: psycopg.AsyncConnection | None = None) -> list[int]:
+        """Async twin of :meth:`dlq_retry`."""
+        ids, q = self._dlq_filter(job_ids, queue, "retry")
+        async with self._aconn_scope(conn) as c:
+            return await self.storage.dlq_retry_where_async(c, ids, q)
+
+    def dlq_purge(self, job_ids: Iterable[int] | None = None, queue: str | None = None, *,
+                  conn: psycopg.Connection | None = None) -> list[int]:
+        """Delete DLQ entries for good (these ids, this queue, or both filters at once); returns their ids."""
+        ids, q = self._dlq_filter(job_ids, queue, "purge")
+        with self._conn_scope(conn) as c:
+            return self.storage.dlq_purge_where(c, ids, q)
+
+    async def dlq_purge_async(self, job_ids: Iterable[int] | None = None, queue: str | None = None, *,
+                              conn: psycopg.AsyncConnection | None = None) -> list[int]:
+        """Async twin of :meth:`dlq_purge`."""
+        ids, q = self._dlq_filter(job_ids, queue, "purge")
+        async with self._aconn_scope(conn) as c:
+            return await self.storage.dlq_purge_where_async(c, ids, q)
+
+    # -- callbacks ------------------------------------------------------------------------
+
+    def complete_callback(self, token: str | uuid.UUID, *, conn: psycopg.Connection | None = None) -> bool:
+        """Complete a job parked with ``WaitForCallback``; False if the token is unknown, resolved or not a UUID."""
         return self._resolve(token, "complete", None, None, conn)
 
-    def fail_callback(self, token: str, error: str = "failed by callback", *,
+    def fail_callback(self, token: str | uuid.UUID, error: str = "failed by callback", *,
                       conn: psycopg.Connection | None = None) -> bool:
         """Fail a parked job terminally (to the DLQ when the queue has one)."""
         return self._resolve(token, "fail", None, error, conn)
 
-    def retry_callback(self, token: str, error: str = "retried by callback", *,
+    def retry_callback(self, token: str | uuid.UUID, error: str = "retried by callback", *,
                        conn: psycopg.Connection | None = None) -> bool:
         """Retry a parked job with backoff (consumes the attempt)."""
         return self._resolve(token, "retry", None, error, conn)
 
-    def resume_callback(self, token: str, result: Any = None, *, conn: psycopg.Connection | None = None) -> bool:
+    def resume_callback(self, token: str | uuid.UUID, result: Any = None, *,
+                        conn: psycopg.Connection | None = None) -> bool:
         """Run a parked job again with ``job.callback_result = result`` (no attempt consumed)."""
         return self._resolve(token, "resume", encode_payload(result, "callback result"), None, conn)
 
-    def _resolve(self, token: str, action: str, payload: Any, error: str | None,
+    async def complete_callback_async(self, token: str | uuid.UUID, *,
+                                      conn: psycopg.AsyncConnection | None = None) -> bool:
+        """Async twin of :meth:`complete_callback`."""
+        return await self._resolve_async(token, "complete", None, None, conn)
+
+    async def fail_callback_async(self, token: str | uuid.UUID, error: str = "failed by callback", *,
+                                  conn: psycopg.AsyncConnection | None = None) -> bool:
+        """Async twin of :meth:`fail_callback`."""
+        return await self._resolve_async(token, "fail", None, error, conn)
+
+    async def retry_callback_async(self, token: str | uuid.UUID, error: str = "retried by callback", *,
+                                   conn: psycopg.AsyncConnection | None = None) -> bool:
+        """Async twin of :meth:`retry_callback`."""
+        return await self._resolve_async(token, "retry", None, error, conn)
+
+    async def resume_callback_async(self, token: str | uuid.UUID, result: Any = None, *,
+                                    conn: psycopg.AsyncConnection | None = None) -> bool:
+        """Async twin of :meth:`resume_callback`."""
+        return await self._resolve_async(token, "resume", encode_payload(result, "callback result"), None, conn)
+
+    def _resolve(self, token: str | uuid.UUID, action: str, payload: Any, error: str | None,
                  conn: psycopg.Connection | None) -> bool:
-        target = conn if conn is not None else self._own_conn()
-        return self.storage.callback_resolve(target, token, action, payload, error) == "ok"
+        tok = _token(token)
+        if tok is None:  # never sent: a bad cast would abort the caller's transaction
+            return False
+        with self._conn_scope(conn) as c:
+            return self.storage.callback_resolve(c, tok, action, payload, error) == "ok"
 
-    # -- connections ----------------------------------------------------------------
+    async def _resolve_async(self, token: str | uuid.UUID, action: str, payload: Any, error: str | None,
+                             conn: psycopg.AsyncConnection | None) -> bool:
+        tok = _token(token)
+        if tok is None:
+            return False
+        async with self._aconn_scope(conn) as c:
+            return await self.storage.callback_resolve_async(c, tok, action, payload, error) == "ok"
 
-    def resolve_dsn(self) -> str:
-        """The DSN in use; starts the embedded server when none was given."""
-        if self.dsn is None:
-            from awa_fast.embedded import ensure_embedded
+    # -- in-process worker --------------------------------------------------------------
+    # Thin entry points; the worker lives in awa_fast/worker.py.
 
-            self.dsn = ensure_embedded()
-        return self.dsn
+    def run_worker(self, queues: QueuesArg = None, *, maintenance: bool = True, until_empty: bool = False,
+                   install_signal_handlers: bool = True, drain_timeout: float = 30.0,
+                   poll_interval: float = 1.0, listen: bool = True) -> WorkerSummary:
+        """Run the handlers in this process until stopped; blocks and returns a :class:`WorkerSummary`.
 
-    def _own_conn(self) -> psycopg.Connection:
-        if self._conn is None or self._conn.closed:
-            self._conn = connect(self.resolve_dsn(), application_name="awa_fast:client")
-        return self._conn
+        ``queues``: ``{"email": {"concurrency": 8, "stripes": 1, "batch": 0}}``,
+        a list of names, or None for the queues of the registered handlers.
+        One claimer thread per stripe (the claimer, batcher and heartbeat of
+        ``awa-fast supervise``); ``maintenance=True`` joins the leader
+        election. SIGINT/SIGTERM (handlers installed only on the main thread:
+        elsewhere pass ``install_signal_handlers=False``) or
+        :meth:`stop_worker` from another thread drain cleanly.
+        ``until_empty=True`` returns once no job of these queues is available
+        or running (jobs scheduled for later do not count).
+        """
+        from awa_fast.worker import run_worker
 
-    def migrate(self) -> None:
-        """Install or upgrade the schema (idempotent)."""
-        from awa_fast.storage.migrate import migrate
+        return run_worker(self, queues, maintenance=maintenance, until_empty=until_empty,
+                          install_signal_handlers=install_signal_handlers, drain_timeout=drain_timeout,
+                          poll_interval=poll_interval, listen=listen)
 
-        migrate(self.resolve_dsn(), self.storage.schema)
+    async def run_worker_async(self, queues: QueuesArg = None, *, maintenance: bool = True,
+                               until_empty: bool = False, drain_timeout: float = 30.0,
+                               poll_interval: float = 1.0, listen: bool = True) -> WorkerSummary:
+        """Run the handlers inside the running event loop; cancelling the task drains cleanly.
+
+        The claimers run on their own threads (no blocking call on the loop);
+        the coroutine only awaits their end. Installs no signal handlers: the
+        host (e.g. uvicorn) owns them, so cancel the task from its shutdown.
+        """
+        from awa_fast.worker import run_worker_async
+
+        return await run_worker_async(self, queues, maintenance=maintenance, until_empty=until_empty,
+                                      drain_timeout=drain_timeout, poll_interval=poll_interval, listen=listen)
+
+    def stop_worker(self) -> int:
+        """Ask this app's running in-process workers to drain (any thread); returns how many."""
+        from awa_fast.worker import stop_worker
+
+        return stop_worker(self)
 
     # -- periodic and unique jobs (issue 13; logic in awa_fast/periodic.py and awa_fast/unique.py) --------
 
@@ -246,3 +918,13 @@ class App(Client):
         if schedule.name in self.schedules:
             raise ConfigError(f"schedule {schedule.name!r} is declared twice; names are unique")
         self.schedules[schedule.name] = schedule
+
+
+__all__ = ["App", "KEEP", "check_dsn", "dsn_from_environment", "resolve_dsn", "resolve_schema"]
+
+
+# Names used only in the in-process worker's annotations above (kept at the end of the file).
+from typing import TYPE_CHECKING  # noqa: E402
+
+if TYPE_CHECKING:
+    from awa_fast.worker import QueuesArg, WorkerSummary

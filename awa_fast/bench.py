@@ -1,4 +1,4 @@
-"""``awa-fast bench SCENARIO``: the standard scenarios of BENCHMARKS.md.
+"""``awa-fast bench SCENARIO``: the standard scenarios of docs/benchmarks.md.
 
 Scenarios (see ``docs/performance.md`` for the exact commands and results):
 
@@ -409,7 +409,8 @@ class SupervisorProc:
             env[TRACE_ENV] = self.trace
         else:
             env.pop(TRACE_ENV, None)
-        cmd = [sys.executable, "-m", "awa_fast.cli", "--log-level", "WARNING", "supervise", "awa_fast.bench:app",
+        # -P: the working directory (a source checkout, say) must not shadow the installed awa_fast
+        cmd = [sys.executable, "-P", "-m", "awa_fast.cli", "--log-level", "WARNING", "supervise", "awa_fast.bench:app",
                "--schema", self.schema, "--home", self.home, "--queue", self.spec]
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)
 

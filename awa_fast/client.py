@@ -12,9 +12,10 @@ import math
 import re
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
+import msgspec
 import orjson
 import psycopg
 
@@ -68,9 +69,45 @@ def validate_run_at(run_at: object) -> _dt.datetime:
     return run_at
 
 
+_PLAIN = (dict, list, tuple, str, int, float, bool, type(None))
+# bytes stay bytes through to_builtins, so check_payload refuses them as before
+# (base64-encode them yourself: a silent base64 would surprise the reader).
+_KEEP_AS_IS = (bytes, bytearray, memoryview)
+
+
+def to_plain(obj: Any) -> Any:
+    """``obj`` as JSON builtins: msgspec Structs, dataclasses, attrs classes, datetime/date/time
+    (ISO 8601), UUID and Decimal (strings), enums (their value), sets (lists) are converted;
+    dicts, lists and scalars come back unchanged. Raise :class:`PayloadError` when it cannot be."""
+    try:
+        return msgspec.to_builtins(obj, builtin_types=_KEEP_AS_IS)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise PayloadError(f"cannot be encoded as JSON ({exc})", "$") from None
+
+
 def encode_payload(obj: Any, what: str = "args", limit: int = MAX_PAYLOAD_BYTES) -> RawJson:
-    """Check and JSON-encode job args or metadata, or raise :class:`PayloadError`."""
-    _impl.check_payload(obj, MAX_DEPTH)
+    """Check and JSON-encode job args or metadata, or raise :class:`PayloadError`.
+
+    Plain JSON values are checked as they are (the fast path). Anything
+    else msgspec can encode (Structs, dataclasses, datetime, UUID, Decimal,
+    nested inside dicts and lists too) is first converted to builtins by
+    :func:`to_plain`, then given the very same checks: NaN/infinity, NUL
+    and lone surrogates in strings, non-str keys, ints beyond 64 bits,
+    nesting depth, and the encoded size limit.
+    """
+    if type(obj) not in _PLAIN:
+        obj = to_plain(obj)
+        _impl.check_payload(obj, MAX_DEPTH)
+    else:
+        try:
+            _impl.check_payload(obj, MAX_DEPTH)
+        except PayloadError:
+            # a typed value nested in a plain container: convert, then the same check decides
+            converted = to_plain(obj)
+            if converted == obj:
+                raise
+            _impl.check_payload(converted, MAX_DEPTH)
+            obj = converted
     try:
         data = orjson.dumps(obj)
     except (TypeError, orjson.JSONEncodeError) as exc:
@@ -78,6 +115,13 @@ def encode_payload(obj: Any, what: str = "args", limit: int = MAX_PAYLOAD_BYTES)
     if len(data) > limit:
         raise PayloadError(f"{what} is {len(data)} bytes of JSON, over the {limit}-byte limit", "$")
     return RawJson(data)
+
+
+def validate_chunk(chunk: object) -> int:
+    """Rows per COPY of ``enqueue_many``: 1 to 1,000,000."""
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or not 1 <= chunk <= 1_000_000:
+        raise OutOfRange("chunk", chunk, 1, 1_000_000)
+    return chunk
 
 
 class Client:
@@ -105,6 +149,10 @@ class Client:
                 raise PayloadError("no connection: pass conn= or create the client with a dsn", "conn")
             self._conn = connect(self.dsn, application_name="awa_fast:client")
         return self._conn
+
+    def _conn_scope(self, conn: psycopg.Connection | None) -> contextlib.AbstractContextManager[psycopg.Connection]:
+        """The caller's connection as it is, else the client's own (autocommit) one."""
+        return contextlib.nullcontext(conn if conn is not None else self._own_conn())
 
     def close(self) -> None:
         """Close the client's own connection (not the ones passed in)."""
@@ -138,10 +186,10 @@ class Client:
         """
         q, prio, kind, a, m, attempts, when, wait = self._prepare(
             kind, args, queue, priority, max_attempts, metadata, run_at, delay)
-        target = conn if conn is not None else self._own_conn()
-        if unique:
-            return _unique.enqueue_one(self.storage, target, unique, q, prio, kind, a, m, attempts, when, wait)
-        return self.storage.job_enqueue(target, q, prio, kind, a, m, attempts, when, wait)
+        with self._conn_scope(conn) as target:
+            if unique:
+                return _unique.enqueue_one(self.storage, target, unique, q, prio, kind, a, m, attempts, when, wait)
+            return self.storage.job_enqueue(target, q, prio, kind, a, m, attempts, when, wait)
 
     async def enqueue_async(self, kind: str, args: Any = None, *, conn: psycopg.AsyncConnection,
                             queue: str | None = None, priority: int | None = None,
@@ -158,7 +206,8 @@ class Client:
 
     def _prepare_many(self, kind: str, args_list: Iterable[Any], queue: str | None, priority: int | None,
                       max_attempts: int | None, metadata: Any,
-                      progress: Any) -> tuple[str, int, list[RawJson], RawJson | None, int, Any]:
+                      progress: Any, chunk: int) -> tuple[str, int, list[RawJson], RawJson | None, int, Any]:
+        validate_chunk(chunk)
         validate_name("kind", kind)
         q = validate_name("queue", queue if queue is not None else self.default_queue)
         prio = validate_priority(PRIORITY_DEFAULT if priority is None else priority)
@@ -172,7 +221,8 @@ class Client:
     def enqueue_many(self, kind: str, args_list: Iterable[Any], *, queue: str | None = None,
                      priority: int | None = None, max_attempts: int | None = None, metadata: Any = None,
                      conn: psycopg.Connection | None = None, chunk: int = 50_000,
-                     progress: Any = None, unique: _unique.Unique | bool | None = None) -> int:
+                     progress: Any = None, return_ids: bool = False,
+                     unique: _unique.Unique | bool | None = None) -> Any:
         """Bulk-enqueue jobs of one kind by binary COPY; returns how many.
 
         With ``unique=awa_fast.Unique(...)`` duplicates (within the call or
@@ -184,47 +234,62 @@ class Client:
         With ``conn`` the rows join that transaction; otherwise they commit
         in one transaction on the client's connection. ``progress=True``
         draws a progress bar on stderr (when it is a terminal); a callable
-        is called with the number of rows written so far.
+        is called with the number of rows written so far. Returns how many,
+        or the new job ids in order with ``return_ids=True``.
         """
         q, prio, payloads, m, attempts, progress = self._prepare_many(
-            kind, args_list, queue, priority, max_attempts, metadata, progress)
-        target = conn if conn is not None else self._own_conn()
+            kind, args_list, queue, priority, max_attempts, metadata, progress, chunk)
         if unique:
-            return _unique.enqueue_many(self.storage, target, unique, q, prio, kind, payloads, m, attempts,
-                                        chunk, progress)
+            with self._conn_scope(conn) as target:
+                return _unique.enqueue_many(self.storage, target, unique, q, prio, kind, payloads, m, attempts,
+                                            chunk, progress)
         done = 0
-        # On the caller's non-autocommit connection the rows simply join its
-        # transaction (psycopg's transaction() would commit on its own there).
-        scope = target.transaction() if target.autocommit else contextlib.nullcontext()
-        with scope:
-            for start in range(0, len(payloads), chunk):
-                part = payloads[start:start + chunk]
-                self.storage.job_enqueue_copy(target, q, prio, kind, part, m, attempts)
-                done += len(part)
-                if progress is not None:
-                    progress(done)
-        return done
+        ids: list[int] | None = [] if return_ids else None
+        with self._conn_scope(conn) as target:
+            # On a non-autocommit connection the rows simply join its transaction
+            # (psycopg's transaction() would commit on its own there).
+            scope = target.transaction() if target.autocommit else contextlib.nullcontext()
+            with scope:
+                for start in range(0, len(payloads), chunk):
+                    part = payloads[start:start + chunk]
+                    rng = self.storage.job_enqueue_copy(target, q, prio, kind, part, m, attempts)
+                    if ids is not None:
+                        ids.extend(_range_ids(rng, len(part)))
+                    done += len(part)
+                    if progress is not None:
+                        progress(done)
+        return done if ids is None else ids
 
     async def enqueue_many_async(self, kind: str, args_list: Iterable[Any], *, conn: psycopg.AsyncConnection,
                                  queue: str | None = None, priority: int | None = None,
                                  max_attempts: int | None = None, metadata: Any = None, chunk: int = 50_000,
-                                 progress: Any = None, unique: _unique.Unique | bool | None = None) -> int:
+                                 progress: Any = None, return_ids: bool = False,
+                                 unique: _unique.Unique | bool | None = None) -> Any:
         """Async twin of :meth:`enqueue_many` on an async connection (joins its transaction)."""
         q, prio, payloads, m, attempts, progress = self._prepare_many(
-            kind, args_list, queue, priority, max_attempts, metadata, progress)
+            kind, args_list, queue, priority, max_attempts, metadata, progress, chunk)
         if unique:
             return await _unique.enqueue_many_async(self.storage, conn, unique, q, prio, kind, payloads, m,
                                                     attempts, chunk, progress)
         done = 0
+        ids: list[int] | None = [] if return_ids else None
         scope = conn.transaction() if conn.autocommit else contextlib.nullcontext()
         async with scope:  # type: ignore[attr-defined]
             for start in range(0, len(payloads), chunk):
                 part = payloads[start:start + chunk]
-                await self.storage.job_enqueue_copy_async(conn, q, prio, kind, part, m, attempts)
+                rng = await self.storage.job_enqueue_copy_async(conn, q, prio, kind, part, m, attempts)
+                if ids is not None:
+                    ids.extend(_range_ids(rng, len(part)))
                 done += len(part)
                 if progress is not None:
                     progress(done)
-        return done
+        return done if ids is None else ids
+
+
+def _range_ids(rng: Any, n: int) -> range:
+    """Job ids of a COPY into one reserved lane range: ``(lane_id << 40) | lane_seq``."""
+    base = (rng.lane_id << 40) | rng.first_seq
+    return range(base, base + n)
 
 
 class ProgressBar:

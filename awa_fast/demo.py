@@ -69,7 +69,8 @@ def run_demo(dsn: str, jobs: int, stripes: int = 2) -> int:
     print(f"  enqueued {jobs:,} in {enqueue_s:.2f}s ({jobs / enqueue_s:,.0f} jobs/s)")
     env = dict(os.environ, AWA_FAST_DSN=dsn)
     home = tempfile.mkdtemp(prefix="awa-fast-demo-")
-    cmd = [sys.executable, "-m", "awa_fast.cli", "--log-level", "WARNING", "supervise", "awa_fast.demo:app",
+    # -P: the working directory (a source checkout, say) must not shadow the installed awa_fast
+    cmd = [sys.executable, "-P", "-m", "awa_fast.cli", "--log-level", "WARNING", "supervise", "awa_fast.demo:app",
            "--schema", schema, "--home", home, "--queue", f"demo:stripes={stripes},concurrency=64,batch=1024"]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env)

@@ -13,16 +13,28 @@ Where user namespaces are blocked, the server runs as ``nobody`` through
 ``setpriv`` on a data directory owned by ``nobody``; nothing else changes
 owner or mode. Non-root users run the binaries directly.
 
-The server listens on a unix socket only, in the data directory (or, when
-that path is too long for a socket, in a private directory under ``/tmp``),
-with trust authentication: only the owner of the data directory (and root)
-can reach the socket.
+By default the server listens on a unix socket only, in the data
+directory (or, when that path is too long for a socket, in a private
+directory under ``/tmp``), with trust authentication: only the owner of the
+data directory (and root) can reach the socket. TCP (a non-empty
+``listen_addresses``) needs a password: ``initdb`` sets a generated one for
+``postgres`` (``--auth-host=scram-sha-256``), kept in ``<datadir>.pgpass``
+(mode 0600, libpq passfile format); :meth:`PostgresCluster.tcp_dsn` refers to
+that file with ``passfile=`` and never carries the password itself.
+
+The home (the data directory's parent, where the lock, the password file and
+initdb's temporary directory live) must be owned by the caller (or root) and
+writable by nobody else, nor may any directory above it be (sticky ones such
+as ``/tmp`` excepted); files there are opened without following symlinks.
+The binaries get a minimal environment (no DSNs, passwords or other secrets
+of the caller).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import fcntl
 import functools
 import hashlib
@@ -33,6 +45,7 @@ import os
 import pathlib
 import pwd
 import re
+import secrets
 import shutil
 import stat
 import subprocess
@@ -61,6 +74,16 @@ _LOG_ROTATE_BYTES = 16 * 1024 * 1024
 # sun_path is 108 bytes including the NUL; PostgreSQL appends "/.s.PGSQL.<port>".
 _SOCKET_PATH_MAX = 107
 _SETTING_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
+# Settings that would move authentication, files or includes out of our hands.
+_MANAGED_SETTINGS = frozenset({
+    "unix_socket_directories", "hba_file", "ident_file", "config_file", "data_directory",
+    "include", "include_if_exists", "include_dir",
+})
+_PASSWORD_SUFFIX = ".pgpass"
+_HOST_HBA = ("host", "hostssl", "hostnossl", "hostgssenc", "hostnogssenc")
+# The only variables of the caller the binaries see (everything else, DSNs and
+# passwords included, would be readable by any superuser session).
+_CHILD_ENV_KEEP = ("PATH", "TZ", "TMPDIR", "LD_LIBRARY_PATH")
 
 #: Durable defaults, sensible for a queue; constructor ``settings`` override them.
 DEFAULT_SETTINGS: Mapping[str, str] = {
@@ -275,9 +298,11 @@ class _PidFile:
 
 def _read_pidfile(path: pathlib.Path) -> _PidFile | None:
     try:
-        lines = path.read_text(errors="replace").split("\n")
-    except (FileNotFoundError, NotADirectoryError):
-        return None
+        lines = _read_nofollow(path, 4096).split("\n")
+    except OSError as exc:  # missing, or a symlink (never followed)
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP) or exc.errno is None:
+            return None
+        raise
     try:
         pid = int(lines[0])
     except (ValueError, IndexError):
@@ -362,7 +387,10 @@ def _remove_shm(shmid: int) -> None:
 
 def _tail(path: pathlib.Path, lines: int = 20) -> str:
     try:
-        with open(path, "rb") as f:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        with open(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return "(no server log)"
             f.seek(0, os.SEEK_END)
             f.seek(max(0, f.tell() - 8192))
             data = f.read().decode(errors="replace")
@@ -381,6 +409,100 @@ def _fsync_dir(path: pathlib.Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _read_nofollow(path: pathlib.Path, limit: int = 1 << 20) -> str:
+    """Read a small file without following a symlink at its last component.
+
+    Files in a data directory owned by the server's user (``setpriv`` mode)
+    may be replaced by that user: root must never read through them into
+    another file and repeat its content in an error message.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise FileNotFoundError(f"{path} is not a regular file")
+        chunks: list[bytes] = []
+        size = 0
+        while size < limit:
+            chunk = os.read(fd, min(65536, limit - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def _write_private(path: pathlib.Path, data: str, owner: tuple[int, int] | None = None) -> None:
+    """Atomically replace ``path`` by a new 0600 file holding ``data``.
+
+    The temporary file is created with ``O_EXCL | O_NOFOLLOW`` (a symlink
+    planted in its place is never followed) and renamed over ``path``.
+    """
+    tmp = path.with_name(f".{path.name}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)  # removes a symlink itself, never its target
+    try:
+        fd = os.open(
+            tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+        )
+    except OSError as exc:
+        raise ConfigError(f"cannot create {tmp}: {exc}; remove it and try again") from exc
+    try:
+        os.fchmod(fd, 0o600)
+        if owner is not None:
+            os.fchown(fd, *owner)
+        view = memoryview(data.encode())
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def _make_private_dirs(path: pathlib.Path) -> None:
+    """Create ``path`` and missing parents, each mode 0700 (never loosening one)."""
+    missing: list[pathlib.Path] = []
+    for directory in [path, *path.parents]:
+        if os.path.lexists(directory):
+            break
+        missing.append(directory)
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(directory, 0o700)
+
+
+def _unsafe_home(home: pathlib.Path, uid: int) -> str | None:
+    """Why ``home`` is not safe for files root (or ``uid``) writes, or None.
+
+    The home and every directory above it must be owned by ``uid`` or root
+    and not writable by group or others; above the home, a sticky directory
+    (``/tmp``) is allowed, since nobody else can rename our entry in it.
+    """
+    real = pathlib.Path(os.path.realpath(home))
+    for directory in [*reversed(real.parents), real]:
+        try:
+            st = os.lstat(directory)
+        except FileNotFoundError:
+            return None
+        where = "the home" if directory == real else "a parent directory of the home"
+        if st.st_uid not in (uid, 0):
+            try:
+                owner = pwd.getpwuid(st.st_uid).pw_name
+            except KeyError:
+                owner = f"uid {st.st_uid}"
+            me = "root" if uid == 0 else f"uid {uid} or root"
+            return f"{directory} ({where}) is owned by {owner}, not {me}: use a home owned by you"
+        if st.st_mode & 0o022 and not (directory != real and st.st_mode & stat.S_ISVTX):
+            return (
+                f"{directory} ({where}) is writable by group or others (mode "
+                f"{stat.S_IMODE(st.st_mode):04o}): run `chmod go-w {directory}` or use "
+                "another home"
+            )
+    return None
 
 
 # --------------------------------------------------------------------------
@@ -410,8 +532,8 @@ class PostgresCluster:
         for key, value in (settings or {}).items():
             if not _SETTING_NAME.match(key):
                 raise ConfigError(f"invalid PostgreSQL setting name {key!r}")
-            if key.lower() == "unix_socket_directories":
-                raise ConfigError("unix_socket_directories is managed by PostgresCluster")
+            if key.lower() in _MANAGED_SETTINGS:
+                raise ConfigError(f"{key.lower()} is managed by PostgresCluster")
             if isinstance(value, bool):
                 value = "on" if value else "off"
             merged[key.lower()] = str(value)
@@ -430,6 +552,11 @@ class PostgresCluster:
     def lock_path(self) -> pathlib.Path:
         """The ``flock`` file next to the data directory."""
         return self.datadir.with_name(self.datadir.name + ".lock")
+
+    @property
+    def password_file(self) -> pathlib.Path:
+        """The ``postgres`` password (libpq passfile format, 0600) next to the data directory."""
+        return self.datadir.with_name(self.datadir.name + _PASSWORD_SUFFIX)
 
     @property
     def log_path(self) -> pathlib.Path:
@@ -461,6 +588,59 @@ class PostgresCluster:
         return make_conninfo(
             "", host=str(self.socket_dir), port=self.port, user="postgres", dbname="postgres"
         )
+
+    def tcp_dsn(self, host: str = "127.0.0.1", port: int | None = None) -> str:
+        """libpq conninfo for TCP (``listen_addresses`` must include ``host``).
+
+        The password is referenced with ``passfile=`` (:attr:`password_file`),
+        never included, so the DSN can be logged or shown. ``port`` defaults
+        to the server's (pass another one to go through a proxy).
+        """
+        from psycopg.conninfo import make_conninfo
+
+        if self.password() is None:
+            raise ConfigError(
+                f"{self.datadir} has no password file {self.password_file}, so TCP connections "
+                "cannot authenticate: create a new data directory (initdb sets a password), or "
+                "use the unix socket (dsn)"
+            )
+        return make_conninfo(
+            "",
+            host=host,
+            port=self.port if port is None else port,
+            user="postgres",
+            dbname="postgres",
+            passfile=str(self.password_file),
+        )
+
+    def password(self) -> str | None:
+        """The ``postgres`` password initdb set, from :attr:`password_file` (None if absent).
+
+        The file must be a regular file (a symlink is never followed) owned
+        by this process's user and private (no group or other bits).
+        """
+        path = self.password_file
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise ConfigError(f"cannot open password file {path} ({exc}): remove it") from exc
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+                raise ConfigError(
+                    f"password file {path} must be a regular file owned by uid {os.geteuid()} "
+                    f"with mode 0600 (it is {stat.S_IMODE(st.st_mode):04o}, uid {st.st_uid}): "
+                    "fix or remove it"
+                )
+            text = os.read(fd, 65536).decode(errors="replace")
+        finally:
+            os.close(fd)
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                return line.rsplit(":", 1)[-1]
+        return None
 
     def psql_env(self) -> dict[str, str]:
         """``PG*`` variables that point psql (or libpq) at this server."""
@@ -525,6 +705,10 @@ class PostgresCluster:
             tmp.mkdir(mode=0o700)
             run_as.chown(tmp)
             started = time.monotonic()
+            # Unix socket: trust (the socket's directory is private). TCP:
+            # SCRAM with a generated password, given to initdb on stdin so no
+            # file of it ever exists where the server's user could read it.
+            password = secrets.token_urlsafe(32)
             result = self._run(
                 run_as,
                 [
@@ -533,13 +717,15 @@ class PostgresCluster:
                     str(tmp),
                     "-U",
                     "postgres",
-                    "-A",
-                    "trust",
+                    "--auth-local=trust",
+                    "--auth-host=scram-sha-256",
+                    "--pwfile=/dev/stdin",
                     "-E",
                     "UTF8",
                     "--no-locale",
                 ],
                 timeout=300,
+                secret=password + "\n",
             )
             if result.returncode != 0:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -547,7 +733,10 @@ class PostgresCluster:
                     f"initdb of {self.datadir} failed (exit {result.returncode}):\n"
                     f"{(result.stdout + result.stderr).strip()[-2000:]}"
                 )
-            with open(tmp / "postgresql.conf", "a", encoding="utf-8") as conf:
+            conf_fd = os.open(
+                tmp / "postgresql.conf", os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+            )
+            with open(conf_fd, "a", encoding="utf-8") as conf:
                 conf.write(
                     "\n# Settings managed by awa-fast (rewritten on every start):\n"
                     f"include_if_exists = '{_CONF_NAME}'\n"
@@ -555,6 +744,8 @@ class PostgresCluster:
                 conf.flush()
                 os.fsync(conf.fileno())
             self._write_conf(tmp, run_as)
+            # Written before the rename: an initialized cluster has its password file.
+            _write_private(self.password_file, _pgpass(password))
             os.rename(tmp, self.datadir)
             _fsync_dir(self.datadir.parent)
             log.info(
@@ -580,6 +771,7 @@ class PostgresCluster:
             self._check_version()
             if self._wait_settled(deadline):
                 return self.dsn
+            self._check_tcp_auth()
             run_as = self._run_as()
             self._clear_stale(deadline)
             self._write_conf(self.datadir, run_as)
@@ -656,12 +848,19 @@ class PostgresCluster:
     def _locked(self, deadline: float) -> Iterator[None]:
         """Hold ``flock`` on the lock file next to the data directory."""
         path = self.lock_path
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _make_private_dirs(path.parent)
+        self._check_home()
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         except OSError as exc:
-            raise ConfigError(f"cannot open lock file {path}: {exc}") from exc
+            hint = " (a symlink: awa-fast never follows one here)" if exc.errno == errno.ELOOP else ""
+            raise ConfigError(f"cannot open lock file {path}{hint}: {exc}; remove it") from exc
         try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                raise ConfigError(
+                    f"lock file {path} is not a regular file owned by uid {os.geteuid()}: remove it"
+                )
             delay = 0.002
             while True:
                 try:
@@ -678,6 +877,43 @@ class PostgresCluster:
             yield
         finally:
             os.close(fd)
+
+    def _check_home(self) -> None:
+        """Refuse a home another user could write to (or swap out)."""
+        home = self.datadir.parent
+        reason = _unsafe_home(home, os.geteuid())
+        if reason is not None:
+            raise ConfigError(
+                f"unsafe home {home}: {reason} (it holds the data directory "
+                f"{self.datadir.name}, its lock and its password file, which another user must "
+                "not be able to replace)"
+            )
+
+    def _check_tcp_auth(self) -> None:
+        """A TCP listener needs the password and no ``host ... trust`` line in pg_hba.conf."""
+        listen = self.settings.get("listen_addresses", "").strip()
+        if not listen:
+            return
+        problem = None
+        if self.password() is None:
+            problem = f"it has no password file {self.password_file}"
+        else:
+            try:
+                hba = _read_nofollow(self.datadir / "pg_hba.conf")
+            except OSError as exc:
+                problem = f"its pg_hba.conf cannot be read ({exc})"
+            else:
+                for line in hba.splitlines():
+                    tokens = line.split("#", 1)[0].split()
+                    if tokens and tokens[0] in _HOST_HBA and "trust" in tokens:
+                        problem = f"its pg_hba.conf trusts TCP connections ({line.strip()!r})"
+                        break
+        if problem is not None:
+            raise ConfigError(
+                f"listen_addresses={listen!r} would let any local user connect to {self.datadir} "
+                f"as superuser: {problem} (a data directory from an older awa-fast). Use a new "
+                "data directory (initdb sets a password), or keep listen_addresses=''"
+            )
 
     def _run_as(self) -> _RunAs:
         """How to launch binaries on the existing data directory."""
@@ -715,26 +951,48 @@ class PostgresCluster:
                     f"PostgreSQL must run as uid {run_as.uid} (user namespaces are blocked "
                     f"and it refuses root), but that user cannot enter {blocked} on the way "
                     f"to {target}. awa-fast never loosens directory permissions: set "
-                    "AWA_FAST_HOME to a directory that user can reach (e.g. one owned by "
-                    "it), or run awa-fast as an ordinary user."
+                    "AWA_FAST_HOME to a directory that user can reach (owned by root, "
+                    "mode 0755, e.g. under /srv), or run awa-fast as an ordinary user."
                 )
 
     def _child_env(self) -> dict[str, str]:
-        # PG* variables (PGPORT, PGDATA, PGOPTIONS...) would change what
-        # the binaries do; everything they need is on the command line.
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+        # An allow-list, not a deny-list: the postmaster inherits this, and any
+        # superuser session can read it (COPY ... PROGRAM 'env'), so no DSN
+        # (AWA_FAST_DSN, DATABASE_URL), PG* variable (PGPASSWORD, and PGPORT,
+        # PGDATA... would change what the binaries do) or other secret of the
+        # caller may pass. Everything the binaries need is on the command line.
+        env = {k: os.environ[k] for k in _CHILD_ENV_KEEP if k in os.environ}
+        env.setdefault("PATH", "/usr/bin:/bin")
         env["LC_ALL"] = "C"
         return env
 
     def _run(
-        self, run_as: _RunAs, argv: list[str], *, timeout: float
+        self, run_as: _RunAs, argv: list[str], *, timeout: float, secret: str | None = None
     ) -> subprocess.CompletedProcess[str]:
+        """Run a binary; ``secret`` (e.g. initdb's ``--pwfile=/dev/stdin``) goes on its stdin.
+
+        The secret travels through a pipe, never argv, the environment or a
+        file; the pipe is given to the server's user so that, under
+        setpriv, the binary can reopen it as ``/dev/stdin``.
+        """
         cmd = run_as.prefix() + argv
         log.debug("running %s", cmd)
+        stdin: int = subprocess.DEVNULL
+        if secret is not None:
+            data = secret.encode()
+            if len(data) >= 4096:  # must fit the pipe buffer: written before the child starts
+                raise ConfigError("secret too long for a pipe")
+            stdin, writer = os.pipe()
+            try:
+                if run_as.kind == "setpriv":
+                    os.fchown(stdin, run_as.uid, run_as.gid)
+                os.write(writer, data)
+            finally:
+                os.close(writer)
         try:
             return subprocess.run(
                 cmd,
-                stdin=subprocess.DEVNULL,
+                stdin=stdin,
                 capture_output=True,
                 text=True,
                 errors="replace",
@@ -749,6 +1007,9 @@ class PostgresCluster:
             ) from exc
         except OSError as exc:
             raise ConfigError(f"cannot run {cmd[0]}: {exc}") from exc
+        finally:
+            if secret is not None:
+                os.close(stdin)
 
     def _pg_ctl(
         self, run_as: _RunAs, args: list[str], *, timeout: float
@@ -758,7 +1019,7 @@ class PostgresCluster:
         )
 
     def _check_version(self) -> None:
-        data = (self.datadir / "PG_VERSION").read_text().strip()
+        data = _read_nofollow(self.datadir / "PG_VERSION", 64).strip()
         binaries = self.version()
         if data != binaries.split(".")[0]:
             raise ConfigError(
@@ -817,7 +1078,7 @@ class PostgresCluster:
             info.pid,
             reason,
         )
-        if info.socket_dir and info.port:
+        if info.socket_dir == str(self.socket_dir) and info.port:
             sock_lock = pathlib.Path(info.socket_dir) / f".s.PGSQL.{info.port}.lock"
             stale = _read_pidfile(sock_lock)
             if stale is not None and stale.pid == info.pid:
@@ -838,14 +1099,10 @@ class PostgresCluster:
             *(f"{k} = {_quote_conf(v)}" for k, v in sorted(self.settings.items())),
             "",
         ]
-        tmp = datadir / f".{_CONF_NAME}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write("\n".join(lines))
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o600)
-        run_as.chown(tmp)
-        os.replace(tmp, datadir / _CONF_NAME)
+        # In setpriv mode the data directory belongs to the server's user, who
+        # may plant a symlink at the temporary name: never followed.
+        owner = (run_as.uid, run_as.gid) if run_as.kind == "setpriv" else None
+        _write_private(datadir / _CONF_NAME, "\n".join(lines), owner)
 
     def _prepare_socket_dir(self, run_as: _RunAs) -> None:
         path = self.socket_dir
@@ -870,6 +1127,13 @@ class PostgresCluster:
         with contextlib.suppress(FileNotFoundError):
             if self.log_path.stat().st_size > _LOG_ROTATE_BYTES:
                 os.replace(self.log_path, self.log_path.with_name(_LOG_NAME + ".1"))
+
+
+def _pgpass(password: str) -> str:
+    """A libpq passfile for ``postgres`` on loopback (any port: proxies included)."""
+    escaped = password.replace("\\", "\\\\").replace(":", "\\:")
+    hosts = ("localhost", "127.0.0.1", "\\:\\:1")
+    return "".join(f"{h}:*:*:postgres:{escaped}\n" for h in hosts)
 
 
 # --------------------------------------------------------------------------

@@ -58,16 +58,18 @@ class DatabaseUnavailable(AwaFastError):
 class SchemaNotMigrated(AwaFastError):
     """The database schema is missing or older than this package.
 
-    Run ``awa-fast migrate`` (with the same ``--dsn``/``--schema``).
+    Run ``awa-fast migrate --schema NAME`` (with the same ``--dsn``); the
+    message names the schema that was checked.
     """
 
     def __init__(self, schema: str, expected: int, found: int | None) -> None:
         self.schema = schema
         self.expected = expected
         self.found = found
+        where = "is not installed" if not found else f"is at version {found}"
         super().__init__(
-            f"schema {schema!r} is at version {found}, this package needs {expected}: "
-            "run `awa-fast migrate`"
+            f"schema {schema!r} {where}, this package needs version {expected}: "
+            f"run `awa-fast migrate --schema {schema}` (with the same --dsn)"
         )
 
 
@@ -92,16 +94,20 @@ class UnknownJob(AwaFastError, LookupError):
         super().__init__(f"no job {job_id} (it never existed or its history was pruned)")
 
 
-class LeaseLost(AwaFastError):
-    """A write about an attempt lost: ``(job_id, run_lease)`` is no longer live.
+class JobNotCompleted(AwaFastError):
+    """``App.result`` was asked for a job that has not completed (yet, or ever).
 
-    The attempt was rescued, retried or cancelled; its result was discarded.
+    ``state`` is where the job is now; wait for it with ``App.wait(job_id)``.
     """
 
-    def __init__(self, job_id: int, run_lease: int) -> None:
+    def __init__(self, job_id: int, state: str, error: str | None = None) -> None:
         self.job_id = job_id
-        self.run_lease = run_lease
-        super().__init__(f"attempt (job {job_id}, run_lease {run_lease}) is no longer live")
+        self.state = state
+        self.error = error
+        hint = ("wait for it with app.wait(job_id)" if state not in ("failed", "cancelled", "dlq")
+                else "it will not complete unless it is retried (app.retry)")
+        detail = f" ({error})" if error else ""
+        super().__init__(f"job {job_id} is {state}{detail}, not completed: {hint}")
 
 
 class TerminalError(AwaFastError):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import msgspec
 
@@ -52,6 +52,8 @@ class ClaimSnapshot(msgspec.Struct, frozen=True, gc=False):
     created_at: _dt.datetime
     errors: bytes | None = None
     callback_result: bytes | None = None
+    # the last flushed progress of an earlier attempt (retry, snooze, rescue), raw JSON; None if never set
+    progress: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +103,10 @@ __all__ = [
 ]
 
 
-class Job:
+T = TypeVar("T")
+
+
+class Job(Generic[T]):
     """What a handler receives: one claimed attempt of one job.
 
     ``args`` are decoded lazily (with msgspec, into the handler's declared
@@ -160,7 +165,7 @@ class Job:
         return self.snapshot.priority
 
     @property
-    def args(self) -> Any:
+    def args(self) -> T:
         """The decoded job args (a dict, or the handler's ``msgspec.Struct`` type)."""
         if self._args is _UNSET:
             if self._args_type is not None:
@@ -185,6 +190,15 @@ class Job:
         """Errors of earlier attempts, oldest first (at most 10)."""
         e = self.snapshot.errors
         return [] if e is None else msgspec.json.decode(e)
+
+    @property
+    def progress(self) -> Any:
+        """The current progress: what this attempt set last, else the last value an earlier
+        attempt of the job flushed (it survives retry, snooze and rescue); None if never set."""
+        if self._progress is not None:
+            return self._progress
+        p = self.snapshot.progress
+        return None if p is None else msgspec.json.decode(p)
 
     def set_progress(self, progress: Any) -> None:
         """Record progress (JSON-able); flushed with the next heartbeat batch."""

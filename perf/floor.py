@@ -1,6 +1,6 @@
 """The floor: what PostgreSQL and Python allow on this machine, with awa-fast's SQL shape.
 
-A framework-free, append-only loop (BENCHMARKS.md, "The floor"), with its own
+A framework-free, append-only loop (docs/benchmarks.md, "The floor"), with its own
 small schema and its own SQL (nothing of awa-fast's):
 
 * ready rows are immutable, loaded by binary COPY, one lane per process;

@@ -20,11 +20,12 @@ SELECT __SCHEMA__.job_enqueue_many(%s::text, %s::int, %s::text, %s::jsonb[], %s:
 SELECT lane_id, first_seq, ready_slot FROM __SCHEMA__.lane_reserve(%s::text, %s::int, %s::int, pg_backend_pid())
 
 -- name: lane_claim
--- Claim up to N jobs of a queue for a stripe; returns claim snapshots in ClaimSnapshot field order,
+-- Claim up to N jobs of a queue for a stripe; returns claim snapshots in ClaimSnapshot field order
+-- (progress last: carried from an earlier attempt, see claim_batch_v3),
 -- then possibly the backlog marker (a row with job_id NULL; see claim_batch_v2).
 SELECT job_id, run_lease, attempt, max_attempts, queue, kind, priority, args, metadata, ready_slot,
-       lane_id, lane_seq, claim_slot, claim_id, created_at, errors, callback_result
-FROM __SCHEMA__.claim_batch_v2(%s::text, %s::int, %s::int, %s::int)
+       lane_id, lane_seq, claim_slot, claim_id, created_at, errors, callback_result, progress
+FROM __SCHEMA__.claim_batch_v3(%s::text, %s::int, %s::int, %s::int)
 
 -- name: receipt_guard
 -- Lock the receipts of a completion batch; returns what in them is no longer open (job_id NULL: all of it).
@@ -72,8 +73,8 @@ SELECT __SCHEMA__.callback_resolve(%s::uuid, %s::text, %s::jsonb, %s::text)
 SELECT __SCHEMA__.job_cancel(%s::bigint)
 
 -- name: job_load
--- Find a job wherever it lives (JSON object or NULL).
-SELECT __SCHEMA__.job_load(%s::bigint)
+-- Find a job wherever it lives (JSON object or NULL), with its progress and result.
+SELECT __SCHEMA__.job_load_v2(%s::bigint)
 
 -- name: deferred_promote
 -- Promote due deferred jobs into ready (index deferred_jobs_due).
@@ -158,13 +159,15 @@ UPDATE __SCHEMA__.queue_meta SET
     deadline = CASE WHEN %(deadline_set)s THEN make_interval(secs => %(deadline)s) ELSE deadline END,
     heartbeat_timeout = COALESCE(make_interval(secs => %(heartbeat_timeout)s), heartbeat_timeout),
     aging_interval = COALESCE(make_interval(secs => %(aging_interval)s), aging_interval),
-    dlq_retention = COALESCE(make_interval(secs => %(dlq_retention)s), dlq_retention)
+    dlq_retention = COALESCE(make_interval(secs => %(dlq_retention)s), dlq_retention),
+    history_retention = COALESCE(make_interval(secs => %(history_retention)s), history_retention)
 WHERE queue = %(queue)s
 
 -- name: queue_list
 -- Queue settings.
 SELECT queue, paused, stripes, enqueue_shards, dlq_enabled,
-       extract(epoch FROM deadline)::float8, extract(epoch FROM heartbeat_timeout)::float8
+       extract(epoch FROM deadline)::float8, extract(epoch FROM heartbeat_timeout)::float8,
+       extract(epoch FROM history_retention)::float8
 FROM __SCHEMA__.queue_meta ORDER BY queue
 
 -- name: dead_tuples
@@ -203,6 +206,187 @@ FROM (SELECT DISTINCT cid FROM unnest(%s::bigint[]) AS cid ORDER BY cid) x
 SELECT __SCHEMA__.ring_slot_empty(%s::text, %s::int)
 
 -- ---------------------------------------------------------------------------
+-- The public API's reads and admin writes (awa_fast.App, the CLI's job/queue/dlq
+-- commands). Cold paths: nothing here runs on claim or completion.
+-- ---------------------------------------------------------------------------
+
+-- name: job_load_many
+-- Jobs by id wherever they live (job_load_v2 each: with the stored result and the carried progress), in
+-- the order given, with the flushed progress of an open attempt (attempt_state primary key (job_id, run_lease)).
+SELECT u.job_id, j.v, COALESCE(s.progress, j.v->'progress')
+FROM unnest(%s::bigint[]) WITH ORDINALITY AS u(job_id, n)
+CROSS JOIN LATERAL (SELECT __SCHEMA__.job_load_v2(u.job_id) AS v) j
+LEFT JOIN __SCHEMA__.attempt_state s
+    ON s.job_id = u.job_id AND s.run_lease = (j.v->>'run_lease')::int
+   AND j.v->>'state' IN ('running', 'waiting_external')
+ORDER BY u.n
+
+-- name: job_list_ids
+-- Candidate job ids, newest id first, below a keyset cursor, with optional queue/kind filters; one branch
+-- per plane, each an index scan by job id (ready_entries_job, done_entries_job, the primary keys of
+-- deferred_jobs and dlq_entries, leases_job). The caller resolves states with job_load_many.
+SELECT job_id FROM (
+    (SELECT e.job_id FROM __SCHEMA__.ready_entries e
+     WHERE %(ready)s AND (%(before)s::bigint IS NULL OR e.job_id < %(before)s)
+       AND (%(kind)s::text IS NULL OR e.kind = %(kind)s)
+       AND (%(queue)s::text IS NULL OR e.lane_id IN (SELECT l.lane_id FROM __SCHEMA__.queue_lanes l
+                                                    WHERE l.queue = %(queue)s))
+     ORDER BY e.job_id DESC LIMIT %(limit)s)
+    UNION
+    (SELECT d.job_id FROM __SCHEMA__.done_entries d
+     WHERE %(done)s AND (%(before)s::bigint IS NULL OR d.job_id < %(before)s)
+       AND (%(kind)s::text IS NULL OR d.kind = %(kind)s) AND (%(queue)s::text IS NULL OR d.queue = %(queue)s)
+     ORDER BY d.job_id DESC LIMIT %(limit)s)
+    UNION
+    (SELECT x.job_id FROM __SCHEMA__.deferred_jobs x
+     WHERE %(deferred)s AND (%(before)s::bigint IS NULL OR x.job_id < %(before)s)
+       AND (%(kind)s::text IS NULL OR x.kind = %(kind)s) AND (%(queue)s::text IS NULL OR x.queue = %(queue)s)
+     ORDER BY x.job_id DESC LIMIT %(limit)s)
+    UNION
+    (SELECT x.job_id FROM __SCHEMA__.dlq_entries x
+     WHERE %(dlq)s AND (%(before)s::bigint IS NULL OR x.job_id < %(before)s)
+       AND (%(kind)s::text IS NULL OR x.kind = %(kind)s) AND (%(queue)s::text IS NULL OR x.queue = %(queue)s)
+     ORDER BY x.job_id DESC LIMIT %(limit)s)
+    UNION
+    (SELECT l.job_id FROM __SCHEMA__.leases l
+     WHERE %(leases)s AND (%(before)s::bigint IS NULL OR l.job_id < %(before)s)
+       AND (%(kind)s::text IS NULL OR l.kind = %(kind)s) AND (%(queue)s::text IS NULL OR l.queue = %(queue)s)
+     ORDER BY l.job_id DESC LIMIT %(limit)s)
+) ids ORDER BY job_id DESC LIMIT %(limit)s
+
+-- name: job_retry
+-- Retry one job now: a DLQ entry moves back to ready (dlq_retry), a scheduled/retryable/snoozed job
+-- becomes due (deferred_jobs primary key); NULL when it is neither.
+WITH d AS (SELECT __SCHEMA__.dlq_retry(ARRAY[%(job_id)s::bigint]) AS job_id),
+     u AS (UPDATE __SCHEMA__.deferred_jobs SET run_at = now() WHERE job_id = %(job_id)s::bigint RETURNING job_id)
+SELECT CASE WHEN EXISTS (SELECT 1 FROM d) THEN 'retried' WHEN EXISTS (SELECT 1 FROM u) THEN 'due_now' END
+
+-- name: dlq_select
+-- DLQ entries matching ids and/or a queue (what a retry or purge would touch), newest first
+-- (dlq_entries primary key, or dlq_entries_queue).
+SELECT job_id, queue, kind, attempt, max_attempts, reason, failed_at, args
+FROM __SCHEMA__.dlq_entries
+WHERE (%(ids)s::bigint[] IS NULL OR job_id = ANY (%(ids)s::bigint[]))
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+ORDER BY failed_at DESC, job_id DESC
+LIMIT %(limit)s
+
+-- name: dlq_retry_where
+-- Move the DLQ entries matching ids and/or a queue back to ready; returns their ids
+-- (dlq_entries primary key, or dlq_entries_queue).
+SELECT __SCHEMA__.dlq_retry(ARRAY(
+    SELECT job_id FROM __SCHEMA__.dlq_entries
+    WHERE (%(ids)s::bigint[] IS NULL OR job_id = ANY (%(ids)s::bigint[]))
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s)))
+
+-- name: dlq_purge_where
+-- Delete the DLQ entries matching ids and/or a queue (both filters hold); returns their ids
+-- (dlq_entries primary key, or dlq_entries_queue).
+DELETE FROM __SCHEMA__.dlq_entries
+WHERE (%(ids)s::bigint[] IS NULL OR job_id = ANY (%(ids)s::bigint[]))
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+RETURNING job_id
+
+-- name: queue_settings
+-- Every setting of one queue (or of all), durations in seconds (queue_meta primary key).
+SELECT queue, paused, stripes, enqueue_shards, dlq_enabled,
+       extract(epoch FROM deadline)::float8, extract(epoch FROM heartbeat_timeout)::float8,
+       extract(epoch FROM aging_interval)::float8, extract(epoch FROM dlq_retention)::float8, created_at,
+       extract(epoch FROM history_retention)::float8
+FROM __SCHEMA__.queue_meta
+WHERE %(queue)s::text IS NULL OR queue = %(queue)s
+ORDER BY queue
+
+-- name: receipt_complete_results
+-- Complete attempts whose handler returned a value, storing it as done_entries.result; returns the stale ones.
+SELECT job_id, run_lease FROM __SCHEMA__.receipt_complete_results(%s::int[], %s::bigint[], %s::bigint[], %s::int[],
+    %s::int[], %s::int[], %s::bigint[], %s::int[], %s::text[], %s::text[], %s::boolean[], %s::jsonb[])
+
+-- name: ring_prune_retained
+-- Prune a sealed slot like ring_prune, but keep a ready slot until it has been quiet for the retention.
+SELECT __SCHEMA__.ring_prune_v2(%s::text, %s::int, %s::text, %s::float8)
+
+-- name: ready_retention
+-- History retention of the shared ready ring: the longest of the queues' (1 hour when no queue is known).
+SELECT extract(epoch FROM COALESCE(max(history_retention), interval '1 hour'))::float8 FROM __SCHEMA__.queue_meta
+-- Queries of the in-process worker (awa_fast.worker), awa_fast.testing and the
+-- rolling-upgrade check (awa_fast.storage.compat).
+
+-- name: queue_work_exists
+-- Is any job of these queues available (a ready row past its lane's effective cursor and not tombstoned, or a
+-- deferred job that is due) or running (an open receipt)? Lane heads first: a lane whose enqueue head is not past
+-- its claim cursor costs no partition read. Indexes: lease_claims_lane, ready_segments_lane, ready_entries pkey,
+-- deferred_jobs_due. Callback waits (leases) and deferred jobs due later do not count.
+WITH lanes AS (
+    SELECT h.lane_id, COALESCE(pg_sequence_last_value(e.enqueue_seq), 0) AS head,
+           COALESCE(pg_sequence_last_value(h.claim_seq), 0) AS seq_cur
+    FROM __SCHEMA__.queue_claim_heads h JOIN __SCHEMA__.queue_enqueue_heads e ON e.lane_id = h.lane_id
+    WHERE h.queue = ANY(%(queues)s::text[])
+), cursors AS (
+    SELECT l.lane_id, l.head,
+           greatest(l.seq_cur, (SELECT max(c.last_seq) FROM __SCHEMA__.lease_claims c
+                                WHERE c.lane_id = l.lane_id AND c.last_seq > l.seq_cur)) AS cur
+    FROM lanes l WHERE l.head > l.seq_cur
+)
+SELECT EXISTS (
+    SELECT 1 FROM cursors k
+    JOIN __SCHEMA__.ready_segments g ON g.lane_id = k.lane_id AND g.last_seq > k.cur
+    JOIN __SCHEMA__.ready_entries r ON r.ready_slot = g.ready_slot AND r.lane_id = g.lane_id
+        AND r.lane_seq BETWEEN greatest(g.first_seq, k.cur + 1) AND g.last_seq
+    WHERE k.head > k.cur
+      AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.ready_tombstones t
+                      WHERE t.ready_slot = r.ready_slot AND t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq)
+) OR EXISTS (
+    SELECT 1 FROM lanes l
+    JOIN __SCHEMA__.lease_claims c ON c.lane_id = l.lane_id
+    CROSS JOIN LATERAL unnest(c.job_ids, c.run_leases) AS u(j, rl)
+    WHERE NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closure_batches b
+                      WHERE b.claim_slot = c.claim_slot AND b.claim_id = c.claim_id)
+      AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closures x
+                      WHERE x.claim_slot = c.claim_slot AND x.claim_id = c.claim_id
+                        AND x.job_id = u.j AND x.run_lease = u.rl)
+) OR EXISTS (
+    SELECT 1 FROM __SCHEMA__.deferred_jobs d WHERE d.run_at <= now() AND d.queue = ANY(%(queues)s::text[])
+)
+
+-- name: job_pending_list
+-- Jobs waiting to run, optionally of one kind and one queue: ready rows past their lane's effective cursor and not
+-- tombstoned, plus deferred jobs (scheduled, retryable, snoozed). For test assertions: scans the live ready rows
+-- of the matching lanes (index ready_entries pkey per slot), never used on a hot path.
+WITH cursors AS (
+    SELECT h.lane_id, h.queue, h.priority,
+           greatest(COALESCE(pg_sequence_last_value(h.claim_seq), 0),
+                    COALESCE((SELECT max(c.last_seq) FROM __SCHEMA__.lease_claims c WHERE c.lane_id = h.lane_id), 0))
+               AS cur
+    FROM __SCHEMA__.queue_claim_heads h
+    WHERE %(queue)s::text IS NULL OR h.queue = %(queue)s::text
+)
+SELECT r.job_id, k.queue, r.kind, k.priority::int, r.args, r.metadata, 'available' AS state, r.ready_at AS run_at
+FROM __SCHEMA__.ready_entries r JOIN cursors k ON k.lane_id = r.lane_id
+WHERE r.lane_seq > k.cur AND (%(kind)s::text IS NULL OR r.kind = %(kind)s::text)
+  AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.ready_tombstones t
+                  WHERE t.ready_slot = r.ready_slot AND t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq)
+UNION ALL
+SELECT d.job_id, d.queue, d.kind, d.priority::int, d.args, d.metadata,
+       CASE d.state WHEN 1 THEN 'scheduled' WHEN 2 THEN 'retryable' ELSE 'snoozed' END, d.run_at
+FROM __SCHEMA__.deferred_jobs d
+WHERE (%(queue)s::text IS NULL OR d.queue = %(queue)s::text) AND (%(kind)s::text IS NULL OR d.kind = %(kind)s::text)
+ORDER BY 1
+
+-- name: server_wal_level
+-- The server's wal_level (minimal can rewind a new lane's cursor sequence after a crash).
+SELECT current_setting('wal_level')
+
+-- name: schema_compat_list
+-- Recorded compatibility flag of every applied migration from version 5 on (primary key order).
+SELECT version, compatible_with_previous FROM __SCHEMA__.schema_compat ORDER BY version
+
+-- name: schema_compat_record
+-- Record migrations' compatibility flags (idempotent: a flag, once written, never changes).
+INSERT INTO __SCHEMA__.schema_compat (version, compatible_with_previous)
+SELECT v, c FROM unnest(%s::int[], %s::boolean[]) AS u(v, c)
+ON CONFLICT (version) DO NOTHING
+
 -- Periodic and unique jobs (migration 0005; awa_fast/periodic.py, awa_fast/unique.py)
 -- ---------------------------------------------------------------------------
 

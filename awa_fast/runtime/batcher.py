@@ -20,13 +20,15 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import msgspec
 import psycopg
 
-from awa_fast.errors import DatabaseUnavailable
+from awa_fast.client import encode_payload
+from awa_fast.errors import DatabaseUnavailable, PayloadError
 from awa_fast.jobs import ClaimSnapshot, Job
-from awa_fast.storage import CLOSE_COMPLETE, Storage, close_quietly, connect
+from awa_fast.storage import CLOSE_COMPLETE, CLOSE_RETRY, RawJson, Storage, clean_text, close_quietly, connect
 
 log = logging.getLogger("awa_fast.batcher")
 
@@ -41,11 +43,57 @@ _STOP = object()
 RELEASE: Outcome = ("release", None, None)  # type: ignore[assignment]
 
 
+class ResultCompletion(tuple):  # type: ignore[type-arg]
+    """Outcome of a completion that carries the handler's returned value.
+
+    ``(CLOSE_COMPLETE, None, None, result)``: it reads as a completion to
+    code that looks at ``outcome[0]``; ``result`` is the encoded JSON. The
+    batcher writes these through ``Storage.receipt_complete_results``, never
+    through the binary COPY of plain (``None``) completions.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, result: RawJson) -> ResultCompletion:
+        return tuple.__new__(cls, (CLOSE_COMPLETE, None, None, result))
+
+    @property
+    def result(self) -> RawJson:
+        return self[3]  # type: ignore[no-any-return]
+
+
+_PLAIN_JSON = (dict, list, str, int, float, bool, tuple)
+
+
+def result_outcome(value: object) -> Outcome:
+    """The outcome of a handler that returned ``value`` (not None, not an outcome object).
+
+    A JSON-able value completes the attempt and is stored as the job's
+    result, checked and size-limited like enqueue args (1 MiB of JSON);
+    msgspec Structs, dataclasses, datetimes, UUIDs and Decimals are
+    converted by ``msgspec.to_builtins`` first. A value that cannot be
+    stored retries the attempt with an error naming its type.
+    """
+    try:
+        if type(value) in _PLAIN_JSON:
+            try:
+                return ResultCompletion(encode_payload(value, "result"))
+            except PayloadError:
+                if type(value) not in (dict, list, tuple):
+                    raise
+                # a Struct, dataclass, datetime ... inside a plain container
+        return ResultCompletion(encode_payload(msgspec.to_builtins(value), "result"))
+    except (PayloadError, TypeError, ValueError, OverflowError) as exc:
+        text = (f"handler returned a value of type {type(value).__name__} that cannot be stored as the job's "
+                f"result: {exc}")
+        return (CLOSE_RETRY, None, clean_text(text))
+
+
 @dataclass(frozen=True, slots=True)
 class BatcherConfig:
     """Completion batcher settings."""
 
-    dsn: str
+    dsn: str = field(repr=False)  # a DSN may carry a password
     schema: str
     flush_max: int = 2048
     # Flushes of at most this many completions (and nothing else) use the
@@ -214,6 +262,7 @@ class CompletionBatcher:
                   replay: bool = False) -> None:
         completes = []
         others = []
+        results: list[tuple[Job, ResultCompletion]] = []
         per_receipt: dict[int, list[int]] = {}  # claim_id -> [completions, all]
         for job, outcome in batch:
             s = job.snapshot
@@ -224,6 +273,8 @@ class CompletionBatcher:
             if outcome is None and not job.lease_backed:
                 completes.append(s)
                 counts[0] += 1
+            elif type(outcome) is ResultCompletion:
+                results.append((job, outcome))
             else:
                 code, delay, error = outcome if outcome is not None else (CLOSE_COMPLETE, None, None)
                 others.append((s, code, delay, error))
@@ -233,6 +284,10 @@ class CompletionBatcher:
                 slot = next(j.snapshot.claim_slot for j, _ in batch if j.snapshot.claim_id == cid)
                 whole.append((slot, cid))
         with_state = [s for s in completes if (s.job_id, s.run_lease) in self._stateful] if self._stateful else []
+        if results:
+            self._flush_with_results(conn, batch, completes, others, results, whole, with_state, per_receipt, t0,
+                                     replay)
+            return
         stale: set[tuple[int, int]] = set()
         if not others and len(completes) <= self.config.small_flush:
             # Low-latency path: one statement, one round trip, one commit.
@@ -250,6 +305,40 @@ class CompletionBatcher:
                             stale.add((r.job_id, r.run_lease))
         if replay and stale:
             stale -= self._own_completions(conn, stale, completes)
+        self._after_flush(batch, per_receipt, stale, t0)
+
+    def _flush_with_results(self, conn: psycopg.Connection, batch: list[tuple[Job, Outcome]],
+                            completes: list[ClaimSnapshot], others: list[tuple[ClaimSnapshot, int, float | None,
+                                                                               str | None]],
+                            results: list[tuple[Job, ResultCompletion]], whole: list[tuple[int, int]],
+                            with_state: list[ClaimSnapshot], per_receipt: dict[int, list[int]], t0: float,
+                            replay: bool) -> None:
+        """A flush with result-carrying completions in it (the plain path above never comes here).
+
+        Results go through their own binary COPY (``Storage.receipt_complete_results``:
+        receipt guard, done rows with the result column, a closure per
+        attempt); plain completions keep theirs. Alone, the results are one
+        transaction of their own; mixed with other outcomes everything runs
+        in one transaction after locking every receipt of the flush up
+        front, ascending (the one lock order).
+        """
+        items = [(j.snapshot, j.lease_backed, o.result) for j, o in results]
+        stale: set[tuple[int, int]] = set()
+        if not completes and not others:
+            stale.update(self.storage.receipt_complete_results(conn, items, self._stateful))
+        else:
+            with conn.transaction():
+                self.storage.receipt_lock(conn, [s.claim_id for s in completes] + [o[0].claim_id for o in others]
+                                          + [it[0].claim_id for it in items])
+                if completes:
+                    stale.update(self.storage.receipt_complete(conn, completes, whole, with_state))
+                stale.update(self.storage.receipt_complete_results(conn, items, self._stateful))
+                if others:
+                    for r in self.storage.attempt_close(conn, others):
+                        if r.status == "stale":
+                            stale.add((r.job_id, r.run_lease))
+        if replay and stale:
+            stale -= self._own_completions(conn, stale, [*completes, *(it[0] for it in items)])
         self._after_flush(batch, per_receipt, stale, t0)
 
     def _own_completions(self, conn: psycopg.Connection, stale: set[tuple[int, int]],

@@ -18,7 +18,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -72,7 +72,7 @@ def next_busy_pause(pause: float) -> float:
 class ClaimerConfig:
     """Settings of one claimer (one stripe of one queue)."""
 
-    dsn: str
+    dsn: str = field(repr=False)  # a DSN may carry a password
     schema: str
     queue: str
     stripe: int = 0
@@ -103,7 +103,13 @@ class Claimer:
     """Claims, runs and completes jobs of one queue stripe."""
 
     def __init__(self, config: ClaimerConfig, registry: dict[str, JobSpec], shm_record: Any = None,
-                 flush_listeners: Sequence[Callable[[list[AttemptClosed]], None]] = ()) -> None:
+                 flush_listeners: Sequence[Callable[[list[AttemptClosed]], None]] = (), *,
+                 on_short_claim: Callable[[bool], None] | None = None, watch_parent: bool = True) -> None:
+        # on_short_claim(lane_busy): called on the claim thread after every claim that returned
+        # fewer jobs than asked (the in-process worker's until_empty check). watch_parent=False:
+        # do not drain when the parent process changes (in-process workers have no supervisor).
+        self._on_short_claim = on_short_claim
+        self._watch_parent = watch_parent
         self.config = config
         self.registry = registry
         self.flush_listeners = list(flush_listeners)
@@ -150,6 +156,11 @@ class Claimer:
         self._stats_lock = threading.Lock()  # claim loop and batcher thread both count
 
     # -- lifecycle --------------------------------------------------------------------
+
+    @property
+    def outstanding(self) -> int:
+        """Jobs claimed here and not yet handed to the batcher (buffered + running)."""
+        return self._outstanding
 
     def stop(self) -> None:
         """Begin a graceful drain (safe from a signal handler)."""
@@ -254,6 +265,8 @@ class Claimer:
                     backoff = min(backoff * 2, 5.0)
                     continue
                 self._count("claim_calls", 1)
+                if self._on_short_claim is not None and len(snaps) < want:
+                    self._on_short_claim(lane_busy)
                 if len(snaps) < want and not lane_busy and len(snaps) < _SHORT_CLAIM_SLEEPS:
                     # Drained for now: wait for a NOTIFY. A producer that
                     # reserved before this claim's end made it return the
@@ -278,7 +291,7 @@ class Claimer:
                 else:
                     self._count("empty_claims", 1)
             self._publish()
-            if os.getppid() != self._parent:
+            if self._watch_parent and os.getppid() != self._parent:
                 log.error("supervisor %d is gone; draining", self._parent, extra={"action": "orphaned"})
                 self._stopping.set()
                 break
@@ -417,8 +430,11 @@ class Claimer:
                 except Exception as exc:  # noqa: BLE001 - registration failed: retry the job
                     return (CLOSE_RETRY, None, error_text(exc))
             return _PARKED
-        return (CLOSE_RETRY, None, error_text(f"handler returned an unsupported value of type "
-                                              f"{type(result).__name__}; return None or an outcome"))
+        # Any other value is the job's result: it completes the attempt and is
+        # stored (checked like enqueue args); one that cannot be stored retries.
+        from awa_fast.runtime.batcher import result_outcome
+
+        return result_outcome(result)
 
     def _finish(self, done: list[tuple[Job, Outcome | object]]) -> None:
         """Hand finished attempts to the batcher and free their local capacity."""

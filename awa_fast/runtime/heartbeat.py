@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import psycopg
 
@@ -29,7 +29,7 @@ log = logging.getLogger("awa_fast.heartbeat")
 class HeartbeatConfig:
     """Heartbeat settings."""
 
-    dsn: str
+    dsn: str = field(repr=False)  # a DSN may carry a password
     schema: str
     interval: float = 5.0
     gil_warning_s: float = 2.0

@@ -37,13 +37,13 @@ RINGS = ("claim", "ready", "lease")
 class MaintenanceConfig:
     """Intervals (seconds) and limits of the maintenance services."""
 
-    dsn: str
+    dsn: str = field(repr=False)  # a DSN may carry a password
     schema: str
     election_interval: float = 1.0
     promote_interval: float = 0.25
     rescue_interval: float = 1.0
-    rotate_intervals: dict[str, float] = field(default_factory=lambda: {"claim": 1.0, "ready": 30.0,
-                                                                         "lease": 30.0})
+    # "ready" absent: the ready ring follows the queues' history_retention (see ready_timing)
+    rotate_intervals: dict[str, float] = field(default_factory=lambda: {"claim": 1.0, "lease": 30.0})
     prune_interval: float = 0.5
     dlq_retention_interval: float = 60.0
     prune_lock_timeout_ms: int = 50
@@ -66,6 +66,7 @@ class Maintenance:
         self.last_prune: dict[str, dict[str, int]] = {}
         self.last_prune_at: dict[str, float] = {}
         self.last_rotate_at: dict[str, float] = {}
+        self._ready_timing: tuple[float, float, float] | None = None  # (read at, retention s, rotate s)
         self.counters = {"promoted": 0, "rescued": 0, "callback_rescued": 0, "rotated": 0, "pruned": 0,
                          "prune_skipped": 0, "dlq_pruned": 0, "elections_won": 0}
 
@@ -149,22 +150,55 @@ class Maintenance:
         return slot
 
     def prune_once(self, ring: str) -> dict[str, int]:
-        """Prune every sealed slot of a ring, oldest first; outcome word -> count."""
+        """Prune every sealed slot of a ring, oldest first; outcome word -> count.
+
+        The ready ring keeps a quiet slot for the history retention first
+        (``retained``), unless an explicit ready rotation interval is set.
+        """
         conn = self._lead_conn()
         state = self.storage.ring_state(conn)[ring]
         current, count = int(state["slot"]), int(state["slots"])
+        retain = self.ready_timing(count)[0] if ring == "ready" else None
         outcomes: dict[str, int] = {}
         for i in range(1, count):
             slot = (current + i) % count
-            word = self.storage.ring_prune(conn, ring, slot, self.config.prune_lock_timeout_ms)
+            if retain is None:
+                word = self.storage.ring_prune(conn, ring, slot, self.config.prune_lock_timeout_ms)
+            else:
+                word = self.storage.ring_prune_retained(conn, ring, slot, retain, self.config.prune_lock_timeout_ms)
             outcomes[word] = outcomes.get(word, 0) + 1
             if word == "pruned":
                 self.counters["pruned"] += 1
-            elif word not in ("empty", "current"):
+            elif word not in ("empty", "current", "retained"):
                 self.counters["prune_skipped"] += 1
         self.last_prune[ring] = outcomes
         self.last_prune_at[ring] = time.time()
         return outcomes
+
+    def ready_timing(self, slots: int | None = None) -> tuple[float | None, float]:
+        """(history retention s, rotation interval s) of the ready ring.
+
+        With no explicit ``rotate_intervals["ready"]`` both follow the
+        database: the retention is the longest ``history_retention`` of any
+        queue (the ring is shared, so each queue's is a minimum), and the
+        ring rotates every retention / (slots - 1) (at least 1 s), so that
+        the sealed slots span the retention and prune stays TRUNCATE. An
+        explicit interval (tests, benchmarks) rotates at that pace and
+        prunes a sealed slot as soon as its gates pass: no retention (None).
+        Read from the database at most once per prune interval.
+        """
+        fixed = self.config.rotate_intervals.get("ready")
+        if fixed is not None:
+            return None, fixed
+        now = time.monotonic()
+        cached = self._ready_timing
+        if cached is None or now - cached[0] >= self.config.prune_interval:
+            conn = self._lead_conn()
+            if slots is None:
+                slots = int(self.storage.ring_state(conn)["ready"]["slots"])
+            retain = self.storage.ready_retention(conn)
+            cached = self._ready_timing = (now, retain, max(1.0, retain / max(slots - 1, 1)))
+        return cached[1], cached[2]
 
     def dlq_retention_once(self) -> int:
         n = self.storage.dlq_retention_prune(self._lead_conn(), self.config.batch)
@@ -194,8 +228,12 @@ class Maintenance:
         if due("rescue", cfg.rescue_interval):
             self.rescue_once()
         for ring in RINGS:
-            if due(f"rotate:{ring}", cfg.rotate_intervals.get(ring, 30.0)):
-                self.rotate_once(ring)
+            interval = self.ready_timing()[1] if ring == "ready" else cfg.rotate_intervals.get(ring, 30.0)
+            if due(f"rotate:{ring}", interval) and self.rotate_once(ring) is None and ring == "ready" \
+                    and self.ready_timing()[0] is not None:
+                # not rotated (next slot still retained, or nothing to seal): try again after one prune
+                # interval rather than a whole rotation interval, so the ring keeps its pace
+                self._last[f"rotate:{ring}"] = now - interval + cfg.prune_interval
         if due("prune", cfg.prune_interval):
             for ring in RINGS:
                 self.prune_once(ring)

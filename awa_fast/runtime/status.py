@@ -1,8 +1,10 @@
 """``awa-fast status``: queues, claimers, rings and the leader.
 
-Counters and latency come from the shared-memory ring of a supervisor
-running on this host (found through its locator file); queue depth, ring
-positions and the leader come from the database, which stays the authority.
+Counters and latency come from the shared-memory rings of the supervisors
+running on this host (each found through its own locator file:
+``supervisors`` lists all, ``local`` is the oldest of them); queue depth,
+ring positions and the leader come from the database, which stays the
+authority.
 """
 
 from __future__ import annotations
@@ -26,33 +28,41 @@ def collect_status(storage: Storage, conn: psycopg.Connection, home: pathlib.Pat
                       "rotated_at": v["rotated_at"].isoformat()} for k, v in storage.ring_state(conn).items()},
         "leader": storage.leader_info(conn),
         "local": None,
+        "supervisors": [],
     }
     if exact:
         data["counts"] = storage.queue_counts_exact(conn)
     if home is not None:
-        data["local"] = _local_snapshot(home, storage.schema)
+        data["supervisors"] = _local_snapshots(home, storage.schema)
+        data["local"] = data["supervisors"][0] if data["supervisors"] else None
     return data
 
 
-def _local_snapshot(home: pathlib.Path, schema: str) -> dict[str, Any] | None:
+def _local_snapshots(home: pathlib.Path, schema: str) -> list[dict[str, Any]]:
+    """The shared-memory snapshot of every live local supervisor of ``schema``, oldest first."""
     try:
-        from awa_fast.runtime.shm import ShmRing, read_locator
+        from awa_fast.runtime.shm import ShmRing, read_locators
     except ImportError:
-        return None
-    found = read_locator(home, schema)
-    if found is None:
-        return None
-    name, pid = found
-    try:
-        ring = ShmRing.attach(name)
-    except Exception:  # noqa: BLE001 - a vanished segment means no local supervisor
-        return None
-    try:
-        snap = ring.snapshot()
-    finally:
-        ring.close()
-    snap["supervisor_pid"] = pid
-    return snap
+        return []
+    out = []
+    for name, pid in read_locators(home, schema):
+        try:
+            ring = ShmRing.attach(name)
+        except Exception:  # noqa: BLE001 - a vanished segment means that supervisor is gone
+            continue
+        try:
+            snap = ring.snapshot()
+        finally:
+            ring.close()
+        snap["supervisor_pid"] = pid
+        out.append(snap)
+    return out
+
+
+def _local_snapshot(home: pathlib.Path, schema: str, pid: int | None = None) -> dict[str, Any] | None:
+    """The snapshot of local supervisor ``pid`` (default: the oldest, what ``local`` shows); None without."""
+    snaps = [s for s in _local_snapshots(home, schema) if pid is None or s["supervisor_pid"] == pid]
+    return snaps[0] if snaps else None
 
 
 def format_status(data: dict[str, Any]) -> str:
@@ -67,9 +77,13 @@ def format_status(data: dict[str, Any]) -> str:
         lines.append(f"queue {name}: depth {data['depth'].get(name, 0)}{' (paused)' if q['paused'] else ''}")
         for state, n in sorted(data.get("counts", {}).get(name, {}).items()):
             lines.append(f"  {state}: {n}")
-    local = data.get("local")
-    if local:
-        for c in local.get("claimers", []):
+    supervisors = data.get("supervisors")
+    if supervisors is None:
+        supervisors = [data["local"]] if data.get("local") else []
+    for sup in supervisors:
+        if len(supervisors) > 1:
+            lines.append(f"supervisor pid {sup.get('supervisor_pid')}:")
+        for c in sup.get("claimers", []):
             lines.append(f"claimer {c.get('queue')}#{c.get('stripe')} pid {c.get('pid')} {c.get('state')}: "
                          f"claimed {c.get('claimed')} completed {c.get('completed')} stale {c.get('stale')} "
                          f"in flight {c.get('in_flight')}")

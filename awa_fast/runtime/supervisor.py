@@ -76,12 +76,73 @@ def parse_queue_spec(text: str) -> QueueSpec:
     return QueueSpec(name, **values)
 
 
+def hide_dsn_password(dsn: str) -> bool:
+    """Overwrite the password of ``dsn`` where it appears in this process's command line.
+
+    ``/proc/<pid>/cmdline`` (what ``ps`` shows to every local user) reads the
+    argument strings from the process's own memory, and forked children
+    (claimers, maintenance) inherit that memory: a ``--dsn`` with a password
+    would show in ``ps`` for each of them. The DSN argument is rewritten in
+    place, its password as ``***`` (the whole DSN as ``***`` where the
+    password is not written literally), before any child is forked. The
+    password is visible from the start of the process until this runs:
+    prefer ``AWA_FAST_DSN`` (``/proc/<pid>/environ`` is readable by the owner
+    only) or a password in ``~/.pgpass``. Linux only; True if something was
+    overwritten.
+    """
+    import ctypes
+
+    from psycopg import ProgrammingError
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        password = conninfo_to_dict(dsn).get("password")
+    except ProgrammingError:
+        password = None
+        secret = True  # unparseable: hide all of it
+    else:
+        secret = bool(password)
+    if not secret:
+        return False
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (fields 48, 49)
+        with open("/proc/self/cmdline", "rb") as f:
+            shown = f.read()
+    except (OSError, ValueError, IndexError):
+        return False
+    if not 0 < start < end or ctypes.string_at(start, end - start) != shown:
+        return False  # not the layout we know (a process title set by someone else): leave it
+    raw = dsn.encode()
+    masked = raw.replace(password.encode(), b"***") if password else b"***"
+    if password:
+        try:
+            if conninfo_to_dict(masked.decode()).get("password") != "***":
+                masked = b"***"
+        except ProgrammingError:
+            masked = b"***"
+    args = shown.rstrip(b"\0").split(b"\0")
+    changed = False
+    for i, arg in enumerate(args):
+        if raw in arg:
+            args[i] = arg.replace(raw, masked)
+            changed = True
+    if not changed:
+        return False
+    new = b"\0".join(args)
+    if len(new) >= len(shown):
+        return False
+    ctypes.memmove(start, new.ljust(len(shown), b"\0"), len(shown))
+    return True
+
+
 @dataclass(frozen=True, slots=True)
 class SupervisorConfig:
     """Everything the supervisor needs to run its children."""
 
     app_ref: str
-    dsn: str
+    dsn: str = field(repr=False)  # a DSN may carry a password
     schema: str
     queues: tuple[QueueSpec, ...]
     drain_timeout: float = 30.0
@@ -153,6 +214,10 @@ class Supervisor:
     def run(self) -> int:
         """Run until drained; returns the process exit code."""
         cfg = self.config
+        if hide_dsn_password(cfg.dsn):
+            log.info("the DSN's password is overwritten in this process's command line; pass the DSN in "
+                     "AWA_FAST_DSN or keep the password in ~/.pgpass instead of --dsn",
+                     extra={"action": "dsn_hidden"})
         try:
             self._prepare_database()
         except DatabaseUnavailable as exc:
@@ -211,7 +276,7 @@ class Supervisor:
         if self.config.home:
             from awa_fast.runtime.shm import remove_locator
 
-            remove_locator(self.config.home, self.config.schema)
+            remove_locator(self.config.home, self.config.schema, self._ring.name)
         self._ring.close()
         self._ring.unlink()
         self._ring = None
@@ -273,4 +338,4 @@ class Supervisor:
         return [(c.name, c.process.pid if c.process is not None else None) for c in self._children]
 
 
-__all__ = ["QueueSpec", "Supervisor", "SupervisorConfig", "parse_queue_spec", "replace"]
+__all__ = ["QueueSpec", "Supervisor", "SupervisorConfig", "hide_dsn_password", "parse_queue_spec", "replace"]

@@ -17,8 +17,10 @@ caller's own transaction. Names follow the named queries in
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import os
+import struct
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -29,7 +31,7 @@ from psycopg.adapt import Buffer, Dumper, Loader
 from psycopg.pq import Format
 
 from awa_fast import _impl
-from awa_fast.errors import DatabaseUnavailable, SchemaNotMigrated, SchemaTooNew
+from awa_fast.errors import ConfigError, DatabaseUnavailable, SchemaNotMigrated, SchemaTooNew
 from awa_fast.jobs import ClaimSnapshot
 from awa_fast.storage.schema import latest_version, named_queries, render, validate_schema
 
@@ -101,13 +103,14 @@ CLOSE_SNOOZE = 5
 
 _READY_COPY = "COPY __SCHEMA__.ready_entries_{slot} (ready_slot, lane_id, lane_seq, job_id, kind, args, metadata, attempt, max_attempts, lease_base) FROM STDIN (FORMAT binary)"
 _DONE_COPY = "COPY __SCHEMA__.done_entries (ready_slot, job_id, lane_id, lane_seq, run_lease, attempt, state, queue, kind) FROM STDIN (FORMAT binary)"
+_DONE_RESULT_COPY = "COPY __SCHEMA__.done_entries (ready_slot, job_id, lane_id, lane_seq, run_lease, attempt, state, queue, kind, result) FROM STDIN (FORMAT binary)"
 _CLOSURE_COPY = "COPY __SCHEMA__.lease_claim_closures (claim_slot, claim_id, job_id, run_lease, outcome) FROM STDIN (FORMAT binary)"
 
 
 class Storage:
     """All SQL of one awa-fast schema. Stateless apart from its rendered queries."""
 
-    __slots__ = ("schema", "q", "channel", "_done_copy", "_closure_copy")
+    __slots__ = ("schema", "q", "channel", "_done_copy", "_closure_copy", "_done_result_copy")
 
     def __init__(self, schema: str = "awa_fast") -> None:
         self.schema = validate_schema(schema)
@@ -115,6 +118,7 @@ class Storage:
         self.channel = f"awa_fast_{schema}"
         self._done_copy = render(_DONE_COPY, schema)
         self._closure_copy = render(_CLOSURE_COPY, schema)
+        self._done_result_copy = render(_DONE_RESULT_COPY, schema)
 
     def __repr__(self) -> str:
         return f"Storage(schema={self.schema!r})"
@@ -130,7 +134,9 @@ class Storage:
         if found < expected:
             raise SchemaNotMigrated(self.schema, expected, found or None)
         if found > expected:
-            raise SchemaTooNew(self.schema, expected, found)
+            from awa_fast.storage.compat import check_newer
+
+            check_newer(conn, self.schema, expected, found)  # raises SchemaTooNew unless declared compatible
 
     # -- enqueue --------------------------------------------------------------
 
@@ -312,6 +318,84 @@ class Storage:
             [(s.job_id, s.run_lease) in ws for s in snapshots])).fetchall()
         return sorted((int(j), int(l)) for j, l in rows)
 
+    # -- results, progress, history retention (migration 0005) ------------------
+
+    def receipt_complete_results(self, conn: psycopg.Connection,
+                                 items: Sequence[tuple[ClaimSnapshot, bool, RawJson]],
+                                 with_state: set[tuple[int, int]] | None = None) -> list[tuple[int, int]]:
+        """Complete attempts whose handler returned a value: ``(snapshot, lease_backed, result JSON)`` each.
+
+        Receipt-backed attempts take the completion path of
+        :meth:`receipt_complete` (receipt locks and guard, then binary COPY)
+        into ``done_entries`` with its ``result`` column, and a closure row
+        per attempt; lease-backed ones (rare: parked for a callback, then
+        returned a value) go through ``receipt_complete_results``.
+        ``with_state``: the attempts that may have an ``attempt_state`` row
+        (None: any of them). Runs in the current transaction, or in its own
+        when the connection is idle. Returns the stale attempts (nothing
+        written for them).
+        """
+        if not items:
+            return []
+        own = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        with conn.transaction() if own else contextlib.nullcontext():
+            stale: list[tuple[int, int]] = []
+            leased = [it for it in items if it[1]]
+            if leased:
+                snaps = [it[0] for it in leased]
+                stale += [(int(j), int(l)) for j, l in conn.execute(self.q["receipt_complete_results"], (
+                    [s.claim_slot for s in snaps], [s.claim_id for s in snaps],
+                    [s.job_id for s in snaps], [s.run_lease for s in snaps],
+                    [s.ready_slot for s in snaps], [s.lane_id for s in snaps],
+                    [s.lane_seq for s in snaps], [s.attempt for s in snaps],
+                    [s.queue for s in snaps], [s.kind for s in snaps],
+                    [True] * len(snaps), [it[2] for it in leased])).fetchall()]
+            plain = [it for it in items if not it[1]]
+            if plain:
+                stale += self._results_copy(conn, plain, with_state)
+        return sorted(stale)
+
+    def _results_copy(self, conn: psycopg.Connection, items: Sequence[tuple[ClaimSnapshot, bool, RawJson]],
+                      with_state: set[tuple[int, int]] | None) -> list[tuple[int, int]]:
+        receipts = {(it[0].claim_slot, it[0].claim_id) for it in items}
+        closed = conn.execute(self.q["receipt_guard"], (
+            [r[0] for r in receipts], [r[1] for r in receipts])).fetchall()
+        live = items
+        stale: set[tuple[int, int]] = set()
+        if closed:
+            gone = {int(cid) for cid, j, _ in closed if j is None}
+            closed_attempts = {(int(j), int(l)) for _, j, l in closed if j is not None}
+            stale = {(s.job_id, s.run_lease) for s, _, _ in items
+                     if s.claim_id in gone or (s.job_id, s.run_lease) in closed_attempts}
+            live = [it for it in items if (it[0].job_id, it[0].run_lease) not in stale]
+        if live:
+            snaps = [it[0] for it in live]
+            cur = conn.cursor()
+            with cur.copy(self._done_result_copy) as cp:
+                cp.write(encode_done_result_rows(live))
+            with cur.copy(self._closure_copy) as cp:
+                cp.write(_impl.encode_closure_rows(snaps, 1))
+            keep = snaps if with_state is None else [s for s in snaps if (s.job_id, s.run_lease) in with_state]
+            if keep:
+                conn.execute(self.q["attempt_state_delete"], ([s.job_id for s in keep], [s.run_lease for s in keep]))
+        return sorted(stale)
+
+    def ring_prune_retained(self, conn: psycopg.Connection, ring: str, slot: int, retain_s: float,
+                            lock_timeout_ms: int = 50) -> str:
+        """:meth:`ring_prune` that keeps a quiet ready slot for ``retain_s`` seconds first.
+
+        Answers ``retained`` while it keeps the slot; ``retain_s`` 0 is ring_prune.
+        """
+        row = conn.execute(self.q["ring_prune_retained"],
+                           (ring, slot, f"{int(lock_timeout_ms)}ms", max(0.0, float(retain_s)))).fetchone()
+        assert row is not None
+        return str(row[0])
+
+    def ready_retention(self, conn: psycopg.Connection) -> float:
+        """History retention of the shared ready ring, seconds: the longest over the queues (1 h default)."""
+        row = conn.execute(self.q["ready_retention"]).fetchone()
+        return float(row[0]) if row and row[0] is not None else 3600.0
+
     def attempt_close(self, conn: psycopg.Connection, items: Sequence[tuple[ClaimSnapshot, int, float | None,
                       str | None]]) -> list[AttemptResult]:
         """Close attempts with explicit outcomes: ``(snapshot, outcome, delay_s, error)`` each.
@@ -452,18 +536,25 @@ class Storage:
     def queue_configure(self, conn: psycopg.Connection, queue: str, *, stripes: int | None = None,
                         enqueue_shards: int | None = None, dlq_enabled: bool | None = None,
                         deadline: float | None | bool = False, heartbeat_timeout: float | None = None,
-                        aging_interval: float | None = None, dlq_retention: float | None = None) -> None:
-        """Change queue settings; ``deadline=None`` removes the deadline, ``False`` keeps it."""
+                        aging_interval: float | None = None, dlq_retention: float | None = None,
+                        history_retention: float | None = None) -> None:
+        """Change queue settings; ``deadline=None`` removes the deadline, ``False`` keeps it.
+
+        ``history_retention`` (seconds, >= 0): how long this queue's terminal
+        jobs stay visible at least (the ready ring is shared: it keeps
+        history for the longest retention of any queue).
+        """
         self.queue_ensure(conn, queue)
         conn.execute(self.q["queue_configure"], {
             "queue": queue, "stripes": stripes, "enqueue_shards": enqueue_shards, "dlq_enabled": dlq_enabled,
             "deadline_set": deadline is not False, "deadline": None if deadline is False else deadline,
             "heartbeat_timeout": heartbeat_timeout, "aging_interval": aging_interval,
-            "dlq_retention": dlq_retention})
+            "dlq_retention": dlq_retention, "history_retention": history_retention})
 
     def queue_list(self, conn: psycopg.Connection) -> list[dict[str, Any]]:
         """Settings of every known queue."""
-        keys = ("queue", "paused", "stripes", "enqueue_shards", "dlq_enabled", "deadline_s", "heartbeat_timeout_s")
+        keys = ("queue", "paused", "stripes", "enqueue_shards", "dlq_enabled", "deadline_s", "heartbeat_timeout_s",
+                "history_retention_s")
         return [dict(zip(keys, r)) for r in conn.execute(self.q["queue_list"]).fetchall()]
 
     def dlq_list(self, conn: psycopg.Connection, queue: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
@@ -499,7 +590,14 @@ class Storage:
         return {"pid": row[0], "application_name": row[1], "client_addr": row[2], "since": row[3]}
 
     def runtime_grant(self, conn: psycopg.Connection, role: str) -> None:
-        """Grant ``role`` what enqueue, supervise and admin need (no DDL, no TRUNCATE)."""
+        """Grant ``role`` what enqueue, supervise and admin need (no DDL, no TRUNCATE).
+
+        Only ``role`` may then execute the schema's functions (none is executable
+        by PUBLIC); ``PUBLIC`` and PostgreSQL's predefined ``pg_*`` roles are refused.
+        """
+        if not isinstance(role, str) or not role or role.lower() == "public" or role.lower().startswith("pg_"):
+            raise ConfigError(f"runtime role {role!r}: name one login role of your own, "
+                              "not PUBLIC or a predefined pg_* role")
         conn.execute(self.q["runtime_grant"], (role,))
 
     def dead_tuples(self, conn: psycopg.Connection) -> int:
@@ -509,6 +607,200 @@ class Storage:
     def _scalar_int(self, conn: psycopg.Connection, name: str, params: tuple[Any, ...]) -> int:
         row = conn.execute(self.q[name], params).fetchone()
         return int(row[0]) if row and row[0] is not None else 0
+
+    # -- in-process worker and awa_fast.testing ----------------------------------
+
+    def queue_work_exists(self, conn: psycopg.Connection, queues: Sequence[str]) -> bool:
+        """True while a job of ``queues`` is available (ready, or deferred and due) or running.
+
+        Deferred jobs due later and attempts parked for a callback do not
+        count. Cheap when the queues are drained: lane heads first.
+        """
+        row = conn.execute(self.q["queue_work_exists"], {"queues": list(queues)}).fetchone()
+        return bool(row and row[0])
+
+    def job_pending_list(self, conn: psycopg.Connection, kind: str | None = None,
+                         queue: str | None = None) -> list[dict[str, Any]]:
+        """Jobs waiting to run (``state``: available, scheduled, retryable, snoozed), by job id.
+
+        Reads what ``conn`` sees, so a caller's own uncommitted enqueues
+        count on its own connection. For tests and admin, not hot paths.
+        """
+        import orjson
+
+        keys = ("job_id", "queue", "kind", "priority", "args", "metadata", "state", "run_at")
+        out = []
+        for r in conn.execute(self.q["job_pending_list"], {"kind": kind, "queue": queue}).fetchall():
+            d = dict(zip(keys, r))
+            for k in ("args", "metadata"):
+                if isinstance(d[k], (bytes, bytearray, memoryview)):
+                    d[k] = orjson.loads(bytes(d[k]))
+                elif isinstance(d[k], str):  # a connection that loads jsonb as text (e.g. Django's)
+                    d[k] = orjson.loads(d[k])
+            out.append(d)
+        return out
+
+    def server_wal_level(self, conn: psycopg.Connection) -> str:
+        """The server's ``wal_level`` setting."""
+        row = conn.execute(self.q["server_wal_level"]).fetchone()
+        return str(row[0]) if row else ""
+
+
+    # -- the public API's reads and admin writes (awa_fast.App, the CLI) ----------
+    # Each has a sync and an ``_async`` twin built from one statement
+    # description, so the two can never disagree. Jsonb comes back decoded
+    # whether or not the connection uses :func:`use_raw_jsonb`.
+
+    def _run(self, conn: psycopg.Connection, stmts: Sequence[_Stmt]) -> Any:
+        result: Any = None
+        for st in stmts:
+            cur = conn.execute(self.q[st.name], st.params)
+            rows = cur.fetchall() if cur.description is not None else []
+            result = st.shape(rows, cur.rowcount)
+        return result
+
+    async def _run_async(self, conn: psycopg.AsyncConnection, stmts: Sequence[_Stmt]) -> Any:
+        result: Any = None
+        for st in stmts:
+            cur = await conn.execute(self.q[st.name], st.params)
+            rows = await cur.fetchall() if cur.description is not None else []
+            result = st.shape(rows, cur.rowcount)
+        return result
+
+    def job_load_many(self, conn: psycopg.Connection, job_ids: Sequence[int]) -> list[dict[str, Any] | None]:
+        """Each job (``job_load``'s dict plus ``progress``) in the order given; None where unknown."""
+        return self._run(conn, [_job_load_many(job_ids)])
+
+    async def job_load_many_async(self, conn: psycopg.AsyncConnection,
+                                  job_ids: Sequence[int]) -> list[dict[str, Any] | None]:
+        """Async twin of :meth:`job_load_many`."""
+        return await self._run_async(conn, [_job_load_many(job_ids)])
+
+    def job_list(self, conn: psycopg.Connection, *, queue: str | None = None, kind: str | None = None,
+                 state: str | None = None, limit: int = 100, before_id: int | None = None) -> list[dict[str, Any]]:
+        """Jobs newest id first (below ``before_id``), filtered; each as :meth:`job_load_many` gives it."""
+        out: list[dict[str, Any]] = []
+        cursor = before_id
+        while len(out) < limit:
+            page = max(limit, 100)
+            ids = self._run(conn, [_job_list_ids(queue, kind, state, page, cursor)])
+            if not ids:
+                break
+            out.extend(_keep_state(self._run(conn, [_job_load_many(ids)]), state))
+            if len(ids) < page:
+                break
+            cursor = ids[-1]
+        return out[:limit]
+
+    async def job_list_async(self, conn: psycopg.AsyncConnection, *, queue: str | None = None,
+                             kind: str | None = None, state: str | None = None, limit: int = 100,
+                             before_id: int | None = None) -> list[dict[str, Any]]:
+        """Async twin of :meth:`job_list`."""
+        out: list[dict[str, Any]] = []
+        cursor = before_id
+        while len(out) < limit:
+            page = max(limit, 100)
+            ids = await self._run_async(conn, [_job_list_ids(queue, kind, state, page, cursor)])
+            if not ids:
+                break
+            out.extend(_keep_state(await self._run_async(conn, [_job_load_many(ids)]), state))
+            if len(ids) < page:
+                break
+            cursor = ids[-1]
+        return out[:limit]
+
+    def job_retry(self, conn: psycopg.Connection, job_id: int) -> str | None:
+        """Retry one job now: ``retried`` (from the DLQ), ``due_now`` (deferred), or None."""
+        return self._run(conn, [_job_retry(job_id)])
+
+    async def job_retry_async(self, conn: psycopg.AsyncConnection, job_id: int) -> str | None:
+        """Async twin of :meth:`job_retry`."""
+        return await self._run_async(conn, [_job_retry(job_id)])
+
+    async def job_cancel_async(self, conn: psycopg.AsyncConnection, job_id: int) -> str:
+        """Async twin of :meth:`job_cancel`."""
+        return await self._run_async(conn, [_Stmt("job_cancel", (job_id,), _first_text)])
+
+    async def callback_resolve_async(self, conn: psycopg.AsyncConnection, token: uuid.UUID | str, action: str,
+                                     payload: RawJson | None = None, error: str | None = None) -> str:
+        """Async twin of :meth:`callback_resolve`."""
+        return await self._run_async(conn, [_Stmt("callback_resolve", (str(token), action, payload,
+                                                                       clean_text(error)), _first_text)])
+
+    def queue_settings(self, conn: psycopg.Connection, queue: str | None = None) -> list[dict[str, Any]]:
+        """Every setting of ``queue`` (or of every queue); durations in seconds."""
+        return self._run(conn, [_queue_settings(queue)])
+
+    async def queue_settings_async(self, conn: psycopg.AsyncConnection,
+                                   queue: str | None = None) -> list[dict[str, Any]]:
+        """Async twin of :meth:`queue_settings`."""
+        return await self._run_async(conn, [_queue_settings(queue)])
+
+    async def queue_configure_async(self, conn: psycopg.AsyncConnection, queue: str, *,
+                                    stripes: int | None = None, enqueue_shards: int | None = None,
+                                    dlq_enabled: bool | None = None, deadline: float | None | bool = False,
+                                    heartbeat_timeout: float | None = None, aging_interval: float | None = None,
+                                    dlq_retention: float | None = None,
+                                    history_retention: float | None = None) -> None:
+        """Async twin of :meth:`queue_configure`."""
+        await self._run_async(conn, [_Stmt("queue_ensure", (queue,), _nothing), _Stmt("queue_configure", {
+            "queue": queue, "stripes": stripes, "enqueue_shards": enqueue_shards, "dlq_enabled": dlq_enabled,
+            "deadline_set": deadline is not False, "deadline": None if deadline is False else deadline,
+            "heartbeat_timeout": heartbeat_timeout, "aging_interval": aging_interval,
+            "dlq_retention": dlq_retention, "history_retention": history_retention}, _nothing)])
+
+    async def queue_pause_async(self, conn: psycopg.AsyncConnection, queue: str, paused: bool = True) -> bool:
+        """Async twin of :meth:`queue_pause`."""
+        return await self._run_async(conn, [_Stmt("queue_pause", (paused, queue), lambda _r, n: n > 0)])
+
+    async def queue_counts_exact_async(self, conn: psycopg.AsyncConnection) -> dict[str, dict[str, int]]:
+        """Async twin of :meth:`queue_counts_exact`."""
+        return await self._run_async(conn, [_Stmt("queue_counts_exact", (), _counts)])
+
+    def dlq_select(self, conn: psycopg.Connection, job_ids: Sequence[int] | None = None,
+                   queue: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        """DLQ entries matching ``job_ids`` and/or ``queue`` (both when both are given), newest first."""
+        return self._run(conn, [_dlq_select(job_ids, queue, limit)])
+
+    async def dlq_select_async(self, conn: psycopg.AsyncConnection, job_ids: Sequence[int] | None = None,
+                               queue: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        """Async twin of :meth:`dlq_select`."""
+        return await self._run_async(conn, [_dlq_select(job_ids, queue, limit)])
+
+    def dlq_retry_where(self, conn: psycopg.Connection, job_ids: Sequence[int] | None = None,
+                        queue: str | None = None) -> list[int]:
+        """Move DLQ entries matching ``job_ids`` and/or ``queue`` back to ready; returns their ids."""
+        return self._run(conn, [_dlq_where("dlq_retry_where", job_ids, queue)])
+
+    async def dlq_retry_where_async(self, conn: psycopg.AsyncConnection, job_ids: Sequence[int] | None = None,
+                                    queue: str | None = None) -> list[int]:
+        """Async twin of :meth:`dlq_retry_where`."""
+        return await self._run_async(conn, [_dlq_where("dlq_retry_where", job_ids, queue)])
+
+    def dlq_purge_where(self, conn: psycopg.Connection, job_ids: Sequence[int] | None = None,
+                        queue: str | None = None) -> list[int]:
+        """Delete DLQ entries matching ``job_ids`` and/or ``queue``; returns their ids."""
+        return self._run(conn, [_dlq_where("dlq_purge_where", job_ids, queue)])
+
+    async def dlq_purge_where_async(self, conn: psycopg.AsyncConnection, job_ids: Sequence[int] | None = None,
+                                    queue: str | None = None) -> list[int]:
+        """Async twin of :meth:`dlq_purge_where`."""
+        return await self._run_async(conn, [_dlq_where("dlq_purge_where", job_ids, queue)])
+
+    async def schema_check_async(self, conn: psycopg.AsyncConnection) -> None:
+        """Async twin of :meth:`schema_check`."""
+        cur = await conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f'"{self.schema}".schema_migrations',))
+        row = await cur.fetchone()
+        found = 0
+        if row and row[0]:
+            cur = await conn.execute(render("SELECT max(version) FROM __SCHEMA__.schema_migrations", self.schema))
+            row = await cur.fetchone()
+            found = int(row[0] or 0) if row else 0
+        expected = latest_version()
+        if found < expected:
+            raise SchemaNotMigrated(self.schema, expected, found or None)
+        if found > expected:
+            raise SchemaTooNew(self.schema, expected, found)
 
     # -- periodic and unique jobs (migration 0005; awa_fast/periodic.py, awa_fast/unique.py) --
 
@@ -625,6 +917,141 @@ class Storage:
         return self._scalar_int(conn, "schedule_fires_prune", (keep_s, limit))
 
 
+# -- statement descriptions of the public API's block (see Storage._run) -------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Stmt:
+    name: str
+    params: Any
+    shape: Any  # (rows, rowcount) -> result
+
+
+# Where each job state can live, for job_list_ids' per-plane switches.
+_STATE_PLANES = {
+    "available": {"ready"}, "running": {"ready"}, "cancelled": {"ready", "done"},
+    "completed": {"done"}, "failed": {"done"}, "dlq": {"dlq"},
+    "scheduled": {"deferred"}, "retryable": {"deferred"}, "snoozed": {"deferred"},
+    "waiting_external": {"leases"},
+}
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        import msgspec
+
+        return msgspec.json.decode(bytes(value))
+    return value
+
+
+def _job_load_many(job_ids: Sequence[int]) -> _Stmt:
+    def shape(rows: list[tuple[Any, ...]], _n: int) -> list[dict[str, Any] | None]:
+        out: list[dict[str, Any] | None] = []
+        for _job_id, value, progress in rows:
+            if value is None:
+                out.append(None)
+                continue
+            job = dict(_json_value(value))
+            job["progress"] = _json_value(progress)
+            out.append(job)
+        return out
+
+    return _Stmt("job_load_many", ([int(j) for j in job_ids],), shape)
+
+
+def _job_list_ids(queue: str | None, kind: str | None, state: str | None, limit: int,
+                  before: int | None) -> _Stmt:
+    planes = _STATE_PLANES[state] if state is not None else {"ready", "done", "deferred", "dlq", "leases"}
+    params = {p: p in planes for p in ("ready", "done", "deferred", "dlq", "leases")}
+    params.update(queue=queue, kind=kind, limit=limit, before=before)
+    return _Stmt("job_list_ids", params, lambda rows, _n: [int(r[0]) for r in rows])
+
+
+def _keep_state(jobs: list[dict[str, Any] | None], state: str | None) -> list[dict[str, Any]]:
+    return [j for j in jobs if j is not None and (state is None or j.get("state") == state)]
+
+
+def _job_retry(job_id: int) -> _Stmt:
+    return _Stmt("job_retry", {"job_id": job_id}, lambda rows, _n: rows[0][0] if rows else None)
+
+
+_QUEUE_SETTING_KEYS = ("queue", "paused", "stripes", "enqueue_shards", "dlq_enabled", "deadline_s",
+                       "heartbeat_timeout_s", "aging_interval_s", "dlq_retention_s", "created_at", "history_retention_s")
+
+
+def _queue_settings(queue: str | None) -> _Stmt:
+    return _Stmt("queue_settings", {"queue": queue},
+                 lambda rows, _n: [dict(zip(_QUEUE_SETTING_KEYS, r)) for r in rows])
+
+
+_DLQ_KEYS = ("job_id", "queue", "kind", "attempt", "max_attempts", "reason", "failed_at", "args")
+
+
+def _dlq_select(job_ids: Sequence[int] | None, queue: str | None, limit: int) -> _Stmt:
+    def shape(rows: list[tuple[Any, ...]], _n: int) -> list[dict[str, Any]]:
+        out = [dict(zip(_DLQ_KEYS, r)) for r in rows]
+        for row in out:
+            row["args"] = _json_value(row["args"])
+        return out
+
+    ids = None if job_ids is None else [int(j) for j in job_ids]
+    return _Stmt("dlq_select", {"ids": ids, "queue": queue, "limit": limit}, shape)
+
+
+def _dlq_where(name: str, job_ids: Sequence[int] | None, queue: str | None) -> _Stmt:
+    ids = None if job_ids is None else [int(j) for j in job_ids]
+    return _Stmt(name, {"ids": ids, "queue": queue}, lambda rows, _n: sorted(int(r[0]) for r in rows))
+
+
+def _first_text(rows: list[tuple[Any, ...]], _n: int) -> str:
+    return str(rows[0][0])
+
+
+def _nothing(_rows: list[tuple[Any, ...]], _n: int) -> None:
+    return None
+
+
+def _counts(rows: list[tuple[Any, ...]], _n: int) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for queue, state, count in rows:
+        out.setdefault(queue, {})[state] = int(count)
+    return out
+
+_COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + b"\x00\x00\x00\x00" + b"\x00\x00\x00\x00"
+_COPY_TRAILER = b"\xff\xff"
+# 10 fields: ready_slot int2, job_id int8, lane_id int4, lane_seq int8, run_lease int4, attempt int2, state int2
+_DONE_RESULT_HEAD = struct.Struct(">hihiqiiiqiiihih")
+
+
+def encode_done_result_rows(items: Sequence[tuple[ClaimSnapshot, bool, bytes]]) -> bytes:
+    """Binary COPY stream for ``done_entries (ready_slot, job_id, lane_id, lane_seq, run_lease,
+    attempt, state, queue, kind, result)``: completed rows with the handler's result (raw JSON).
+
+    Plain Python: only result-carrying completions use it; the common ones
+    go through the accelerated ``encode_done_rows``.
+    """
+    parts = [_COPY_HEADER]
+    append = parts.append
+    pack = _DONE_RESULT_HEAD.pack
+    texts: dict[str, bytes] = {}
+    for s, _, result in items:
+        append(pack(10, 2, s.ready_slot, 8, s.job_id, 4, s.lane_id, 8, s.lane_seq, 4, s.run_lease, 2, s.attempt,
+                    2, 1))
+        for text in (s.queue, s.kind):
+            field = texts.get(text)
+            if field is None:
+                raw = text.encode("utf-8")
+                field = texts[text] = len(raw).to_bytes(4, "big") + raw
+            append(field)
+        if result is None:
+            append(b"\xff\xff\xff\xff")  # NULL
+        else:
+            data = bytes(result)
+            append((len(data) + 1).to_bytes(4, "big") + b"\x01" + data)  # jsonb binary: version 1, then the text
+    append(_COPY_TRAILER)
+    return b"".join(parts)
+
+
 def close_quietly(conn: psycopg.Connection | None) -> None:
     """Close a connection that may already be broken; errors while closing are moot."""
     if conn is None:
@@ -653,14 +1080,34 @@ def connect(dsn: str, *, application_name: str = "awa_fast", autocommit: bool = 
     """Open a connection, mapping connection failures to :class:`DatabaseUnavailable`.
 
     ``connect_timeout`` (seconds, at least 2) bounds a connection attempt to a
-    silent peer. The message never contains the password of the DSN.
+    silent peer. The message never contains the password of the DSN: a DSN
+    libpq cannot parse raises :class:`ConfigError` without libpq's text, which
+    quotes the part it choked on (a password, or the whole URI).
     """
     try:
         return psycopg.connect(dsn, autocommit=autocommit, application_name=application_name,
                                connect_timeout=max(2, int(connect_timeout)), **kwargs)
+    except psycopg.ProgrammingError:
+        raise ConfigError(_DSN_UNPARSEABLE) from None
     except psycopg.OperationalError as exc:
         raise DatabaseUnavailable(f"cannot connect to PostgreSQL at {redact_dsn(dsn)}: "
-                                  f"{_first_line(exc)}; check the DSN and that the server runs") from None
+                                  f"{_scrub_password(_first_line(exc), dsn)}; "
+                                  "check the DSN and that the server runs") from None
+
+
+_DSN_UNPARSEABLE = ("invalid DSN: it could not be parsed; use 'postgresql://user@host:port/dbname' "
+                    "or 'host=... dbname=...' (keep the password in ~/.pgpass or PGPASSWORD)")
+
+
+def _scrub_password(text: str, dsn: str) -> str:
+    """``text`` with the DSN's password (if any) replaced by ``***``: libpq quotes values it rejects."""
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+
+        password = conninfo_to_dict(dsn).get("password")
+    except psycopg.ProgrammingError:
+        return text
+    return text.replace(str(password), "***") if password else text
 
 
 def redact_dsn(dsn: str) -> str:

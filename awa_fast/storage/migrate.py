@@ -8,12 +8,29 @@ from dataclasses import dataclass
 import psycopg
 
 from awa_fast.errors import ConfigError, SchemaTooNew
+from awa_fast.storage.compat import record as record_compat
 from awa_fast.storage.schema import latest_version, migrations, render, validate_schema
 
 log = logging.getLogger("awa_fast.migrate")
 
 # Migration that creates ring_install(); rings are installed right after it.
 _RING_INSTALL_AFTER = 2
+
+# Re-asserted after every migration run, so functions of any later migration are covered too.
+_REVOKE_PUBLIC = "REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA __SCHEMA__ FROM PUBLIC"
+# Roles an earlier runtime_grant() covered: they hold EXECUTE on some awa-fast
+# function. A migration's new functions are executable by nobody but the owner
+# (PUBLIC's default is revoked), so the migrator grants these roles again:
+# an upgrade never locks a running application's runtime role out.
+_RUNTIME_ROLES = """
+SELECT DISTINCT a.rolname
+FROM pg_proc p
+JOIN pg_namespace n ON n.oid = p.pronamespace
+CROSS JOIN LATERAL aclexplode(p.proacl) x
+JOIN pg_roles a ON a.oid = x.grantee
+WHERE n.nspname = %s AND x.privilege_type = 'EXECUTE' AND x.grantee <> p.proowner
+ORDER BY 1
+"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +110,13 @@ def migrate(dsn_or_conn: str | psycopg.Connection, schema: str = "awa_fast",
                                  (rings.ready, rings.claim, rings.lease))
                 log.info("applied migration %04d_%s to %s", mig.version, mig.name, schema,
                          extra={"action": "migrate"})
+            if latest > found:
+                # A function is executable by PUBLIC when created, and some run as the owner
+                # (SECURITY DEFINER): only the roles runtime_grant() names may execute any.
+                conn.execute(render(_REVOKE_PUBLIC, schema))
+                for (role,) in conn.execute(_RUNTIME_ROLES, (schema,)).fetchall():
+                    conn.execute(render("SELECT __SCHEMA__.runtime_grant(%s)", schema), (role,))
+            record_compat(conn, schema, migrations(), latest)  # rolling upgrades (awa_fast.storage.compat)
         return MigrateResult(schema, found, latest)
     finally:
         if own:

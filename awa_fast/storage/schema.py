@@ -19,13 +19,28 @@ _SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _MIGRATION_RE = re.compile(r"(\d{4})_([a-z0-9_]+)\.sql")
 
 
+_RESERVED_SCHEMAS = frozenset({"public", "information_schema"})
+
+
 def validate_schema(name: object) -> str:
-    """Return ``name`` if it is a valid awa-fast schema name, else raise :class:`InvalidName`."""
+    """Return ``name`` if it is a valid awa-fast schema name, else raise :class:`InvalidName`.
+
+    PostgreSQL's own schemas are refused: ``public`` (every role may use it,
+    so the runtime grants would reach everyone), ``information_schema`` and
+    ``pg_*``.
+    """
     if not isinstance(name, str) or not _SCHEMA_RE.fullmatch(name):
         raise InvalidName(
             "schema",
             name,
             "use a lower-case SQL identifier: a letter or _, then letters, digits or _, at most 63",
+        )
+    if name in _RESERVED_SCHEMAS or name.startswith("pg_"):
+        raise InvalidName(
+            "schema",
+            name,
+            "'public', 'information_schema' and 'pg_*' belong to PostgreSQL; "
+            "give awa-fast a schema of its own (default awa_fast)",
         )
     return name
 

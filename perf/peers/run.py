@@ -12,7 +12,7 @@ scenario. awa-fast runs through ``awa-fast bench`` (schema ``bench_<scenario>``
 in the URL's database), the floor through ``perf/floor.py``. A peer that
 cannot be installed or run is recorded with the reason; the others go on.
 
-Scenarios (BENCHMARKS.md): drain 20k, bulk-enqueue (200k by COPY where the
+Scenarios (docs/benchmarks.md): drain 20k, bulk-enqueue (200k by COPY where the
 peer has it, else 20k), concurrent-insert 10 producers x 10 s, latency 200/s
 x 20 s. Prints every metric as the awa-fast/peer ratio and writes everything
 to ``perf/results/peers-<timestamp>.json``.

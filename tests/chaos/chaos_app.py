@@ -13,7 +13,10 @@ Handler behaviour comes from the job args:
 ``{"mode": "raise_nul"}`` raises an error whose text carries NUL bytes and
 a lone surrogate; ``"raise_big"`` raises with a 5 MB message;
 ``"terminal_nul"`` raises ``TerminalError`` with NUL bytes;
-``"garbage"`` returns an unsupported value; ``"raise_unprintable"`` raises an
+``"garbage"`` returns a value that cannot be stored as a result, and
+``"garbage_int"`` an int too wide for JSON (a returned value completes the
+job with it as the result, so both must close as a retry with a clear
+error, here to the DLQ); ``"raise_unprintable"`` raises an
 exception whose ``__str__`` itself fails.
 """
 
@@ -60,7 +63,7 @@ def _behave(job):  # noqa: ANN001, ANN202
     if mode == "garbage":
         return object()
     if mode == "garbage_int":
-        return 42
+        return 2**70
     return None
 
 

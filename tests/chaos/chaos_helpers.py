@@ -2,7 +2,9 @@
 
 - :func:`start_cluster`: a dedicated PostgreSQL per test module (TCP on
   127.0.0.1, a free port), copied from one initdb'd template per session, so
-  server-level chaos never touches the shared session server.
+  server-level chaos never touches the shared session server. TCP needs the
+  cluster's generated password (SCRAM, never trust): :attr:`ChaosCluster.dsn`
+  refers to its 0600 password file with ``passfile=``.
 - :func:`new_schema`: a migrated schema (rings of 4 slots) plus an **audit**
   schema: row triggers record every enqueue, claim, closure and terminal
   record as it is written. Ring prune TRUNCATEs history (row triggers do not
@@ -92,6 +94,19 @@ def _template() -> pathlib.Path:
         return _TEMPLATE
 
 
+def copy_template(datadir: pathlib.Path) -> None:
+    """Copy the session template to ``datadir``, with its password file (kept 0600)."""
+    template = _template()
+    shutil.copytree(template, datadir, symlinks=True)
+    os.chmod(datadir, 0o700)
+    # the template's password goes with its pg_authid (TCP needs it: SCRAM, never trust)
+    src = PostgresCluster(template, _bindir()).password_file
+    dst = PostgresCluster(datadir, _bindir()).password_file
+    fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with open(fd, "wb") as f:
+        f.write(src.read_bytes())
+
+
 CLUSTER_SETTINGS = {
     "listen_addresses": "127.0.0.1",
     "fsync": "on",
@@ -105,14 +120,30 @@ CLUSTER_SETTINGS = {
 
 @dataclass
 class ChaosCluster:
-    """A private PostgreSQL reachable over TCP on 127.0.0.1 (so a proxy can sit in front)."""
+    """A private PostgreSQL reachable over TCP on 127.0.0.1 (so a proxy can sit in front).
+
+    TCP authenticates with SCRAM and the cluster's generated password; every
+    DSN here names the password file (``passfile=``), never the password.
+    """
 
     cluster: PostgresCluster
     port: int
 
     @property
     def dsn(self) -> str:
-        return f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres sslmode=disable"
+        return f"{self.cluster.tcp_dsn()} sslmode=disable"
+
+    @property
+    def passfile(self) -> str:
+        """The cluster's password file (libpq passfile format, mode 0600)."""
+        return str(self.cluster.password_file)
+
+    @property
+    def password(self) -> str:
+        """The real password: tests put it in a DSN to prove it is never logged."""
+        pw = self.cluster.password()
+        assert pw, f"no password in {self.cluster.password_file}"
+        return pw
 
     def connect(self, app: str = "chaos:observer", autocommit: bool = True) -> psycopg.Connection:
         return psycopg.connect(self.dsn, autocommit=autocommit, application_name=app)
@@ -133,8 +164,7 @@ def start_cluster(root: pathlib.Path, **settings: str) -> ChaosCluster:
     port = free_port()
     datadir = root / "data"
     if not datadir.exists():
-        shutil.copytree(_template(), datadir, symlinks=True)
-        os.chmod(datadir, 0o700)
+        copy_template(datadir)
     merged = {**CLUSTER_SETTINGS, "port": str(port), **settings}
     cluster = PostgresCluster(datadir, _bindir(), settings=merged)
     cluster.start()

@@ -30,6 +30,12 @@ The proxy never connects anywhere but its one upstream, listens on loopback
 only, caps its connections, and stops by itself after ``max_lifetime``
 seconds. Client DSNs must use ``sslmode=disable`` (see :meth:`dsn`) so the
 startup message, and with it ``application_name``, is readable.
+
+The proxy does not authenticate anyone: it forwards the client's SCRAM
+exchange to the upstream, which (PostgresCluster, TCP) asks for the
+cluster's password. Any local user can reach the proxy's port, so the
+upstream must never trust TCP; :meth:`dsn` names the password file
+(``passfile``) given to the constructor, never the password.
 """
 
 from __future__ import annotations
@@ -77,8 +83,9 @@ class ChaosProxy:
     """A fault-injecting TCP proxy in front of one PostgreSQL server."""
 
     def __init__(self, upstream_host: str, upstream_port: int, *, max_connections: int = 400,
-                 max_lifetime: float = 900.0) -> None:
+                 max_lifetime: float = 900.0, passfile: str | None = None) -> None:
         self.upstream = (upstream_host, upstream_port)
+        self.passfile = passfile
         self.max_connections = max_connections
         self.max_lifetime = max_lifetime
         self.port = 0
@@ -123,9 +130,13 @@ class ChaosProxy:
 
     def dsn(self, **extra: object) -> str:
         """A libpq conninfo that reaches the upstream through this proxy."""
-        parts = {"host": "127.0.0.1", "port": self.port, "user": "postgres", "dbname": "postgres",
-                 "sslmode": "disable", "gssencmode": "disable", **extra}
-        return " ".join(f"{k}={v}" for k, v in parts.items())
+        from psycopg.conninfo import make_conninfo
+
+        parts: dict[str, object] = {"host": "127.0.0.1", "port": self.port, "user": "postgres",
+                                    "dbname": "postgres", "sslmode": "disable", "gssencmode": "disable"}
+        if self.passfile is not None:
+            parts["passfile"] = self.passfile
+        return make_conninfo("", **{**parts, **extra})
 
     # -- switching modes (thread-safe) ----------------------------------------------
 

@@ -51,7 +51,9 @@ def _run_bad_handlers(pg, obs, tmp_path, modes: list[str], kind: str) -> dict:
         enqueue_many(pg.dsn, schema, good, {"sleep": 0.001}, kind=kind)
         for mode in modes:
             enqueue_one(obs, schema, {"mode": mode}, kind=kind, max_attempts=1)
-        sup = Supervise(f"{pg.dsn} password={SECRET}", schema, tmp_path, stripes=1, concurrency=4)
+        # the cluster's real password (TCP is SCRAM, never trust): it must never be logged
+        secret = pg.password
+        sup = Supervise(f"{pg.dsn} password={secret}", schema, tmp_path, stripes=1, concurrency=4)
         total = good + len(modes)
         with supervisors(sup.start()):
             try:
@@ -64,7 +66,7 @@ def _run_bad_handlers(pg, obs, tmp_path, modes: list[str], kind: str) -> dict:
                     GROUP BY 1""")
                 record_figures(f"bad_handlers_{kind}", terminal_by_state=states, still_open_by_mode=open_attempts)
             assert sup.stop() == 0, sup.log()[-3000:]
-        assert SECRET not in sup.log(since_start=False)
+        assert secret not in sup.log(since_start=False)
         figures = check_invariants(obs, schema, Expect(total, {"completed": good, "dlq": len(modes)}),
                                    sup.exec_log, sup.stale_rejected(), supervisors_stopped=True)
         reasons = q(obs, f'SELECT reason FROM "{schema}".dlq_entries')

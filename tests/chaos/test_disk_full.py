@@ -30,9 +30,9 @@ from tests.chaos.chaos_helpers import (
     Producer,
     Supervise,
     _bindir,
-    _template,
     check_invariants,
     check_live,
+    copy_template,
     enqueue_many,
     free_port,
     new_schema,
@@ -52,8 +52,7 @@ def pg_full(tmp_path_factory):
         pytest.skip("needs root, unshare and mount for a private tmpfs")
     root = tmp_path_factory.mktemp("pg-full")
     datadir, ts = root / "data", root / "ts"
-    shutil.copytree(_template(), datadir, symlinks=True)
-    os.chmod(datadir, 0o700)
+    copy_template(datadir)
     ts.mkdir(mode=0o700)
     port = free_port()
     settings = {**CLUSTER_SETTINGS, "port": str(port)}

@@ -6,9 +6,12 @@ Workers reach PostgreSQL only through the proxy (its DSN is passed to
 
 from __future__ import annotations
 
+import os
 import time
 
+import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 from tests.chaos.chaos_helpers import (
     Expect,
@@ -27,35 +30,48 @@ from tests.chaos.chaos_helpers import (
 )
 from tests.chaos.proxy import ChaosProxy
 
-SECRET = "s3cr3t-Chaos-pw"
-
 SCHEMA_PREFIX = "net"  # schema names of this module (the conftest fixture `schema`)
 
 
 @pytest.fixture
 def proxy(pg):
-    p = ChaosProxy("127.0.0.1", pg.port, max_lifetime=300).start()
+    p = ChaosProxy("127.0.0.1", pg.port, max_lifetime=300, passfile=pg.passfile).start()
     yield p
     p.stop()
 
 
 
-def _sup(proxy, schema, tmp_path, **kw) -> Supervise:
-    # trust authentication ignores the password; it is there to prove it is never logged.
+def _sup(pg, proxy, schema, tmp_path, **kw) -> Supervise:
+    # The cluster's real password (SCRAM through the proxy, no trust over TCP), given in the
+    # DSN to prove it is never logged (see _assert_no_secret).
     # A short io timeout: a half-open connection is declared dead after 1.5 s of silence.
     kw.setdefault("extra_args", ("--io-timeout", "1.5"))
-    return Supervise(proxy.dsn(password=SECRET), schema, tmp_path, **kw)
+    return Supervise(proxy.dsn(password=pg.password), schema, tmp_path, **kw)
 
 
 def _assert_no_secret(sup: Supervise) -> None:
+    password = conninfo_to_dict(sup.dsn)["password"]
+    assert password, "the supervisor's DSN carries the cluster's password"
     text = sup.log(since_start=False)
-    assert SECRET not in text, "the DSN password appears in the supervisor's log"
+    assert password not in text, "the DSN password appears in the supervisor's log"
+
+
+def test_the_proxy_is_no_way_around_the_password(pg, proxy):
+    """Any local user can reach the proxy's port: what it forwards to must ask for the password."""
+    plain = proxy.dsn(passfile=os.devnull, connect_timeout=10)  # no password from anywhere
+    with pytest.raises(psycopg.OperationalError, match="password"):
+        psycopg.connect(plain)
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+        psycopg.connect(proxy.dsn(password="guess", connect_timeout=10))
+    assert pg.password not in proxy.dsn()  # the file is named, never the password
+    with psycopg.connect(proxy.dsn(connect_timeout=10), application_name="chaos:auth") as c:
+        assert c.execute("SELECT inet_client_addr() IS NOT NULL, current_user").fetchone() == (True, "postgres")
 
 
 def test_drop_every_connection_under_load(pg, proxy, obs, schema, tmp_path):
     n = 3000
     enqueue_many(pg.dsn, schema, n, {"sleep": 0.01})
-    sup = _sup(proxy, schema, tmp_path)
+    sup = _sup(pg, proxy, schema, tmp_path)
     with supervisors(sup.start()):
         wait_for(lambda: terminal_count(obs, schema) > 300, 20, "300 completions")
         proxy.drop_all()
@@ -83,7 +99,7 @@ def test_batcher_connection_refused_briefly(pg, proxy, obs, schema, tmp_path):
     """Only the completion batcher's connections drop and are refused for 1 s: nothing may get stuck."""
     n = 2000
     enqueue_many(pg.dsn, schema, n, {"sleep": 0.01})
-    sup = _sup(proxy, schema, tmp_path)
+    sup = _sup(pg, proxy, schema, tmp_path)
     with supervisors(sup.start()):
         wait_for(lambda: terminal_count(obs, schema) > 300, 20, "300 completions")
         proxy.drop_all(match=r"^awa_fast:batcher:")
@@ -105,7 +121,7 @@ def test_batcher_connection_refused_briefly(pg, proxy, obs, schema, tmp_path):
 
 def test_blackhole_claimer_and_listener(pg, proxy, obs, schema, tmp_path):
     """Half-open claim and LISTEN connections for 2 s: after the heal, work resumes within a bound."""
-    sup = _sup(proxy, schema, tmp_path, stripes=2, concurrency=8)
+    sup = _sup(pg, proxy, schema, tmp_path, stripes=2, concurrency=8)
     with supervisors(sup.start()):
         n0 = enqueue_many(pg.dsn, schema, 200, {"sleep": 0.005})
         wait_terminal(obs, schema, n0, 20)
@@ -132,7 +148,7 @@ def test_blackhole_claimer_and_listener(pg, proxy, obs, schema, tmp_path):
 
 def test_blackhole_listener_alone_wakeups_resume(pg, proxy, obs, schema, tmp_path):
     poll = 2.0
-    sup = _sup(proxy, schema, tmp_path, stripes=1, concurrency=4, poll_interval=poll)
+    sup = _sup(pg, proxy, schema, tmp_path, stripes=1, concurrency=4, poll_interval=poll)
     lat: dict[str, list[float]] = {"before": [], "during": [], "after": []}
     with supervisors(sup.start()):
 
@@ -166,7 +182,7 @@ def test_blackhole_listener_alone_wakeups_resume(pg, proxy, obs, schema, tmp_pat
 def test_blackhole_listener_alone_poll_fallback(pg, proxy, obs, schema, tmp_path):
     """While the LISTEN connection is half-open, jobs are still picked up within the poll interval."""
     poll = 1.0
-    sup = _sup(proxy, schema, tmp_path, stripes=1, concurrency=4, poll_interval=poll)
+    sup = _sup(pg, proxy, schema, tmp_path, stripes=1, concurrency=4, poll_interval=poll)
     lat: list[float] = []
     with supervisors(sup.start()):
         wait_for(lambda: [c for c in proxy.connections() if c[1].startswith("awa_fast:listen:")], 10,
@@ -185,7 +201,7 @@ def test_blackhole_listener_alone_poll_fallback(pg, proxy, obs, schema, tmp_path
 
 def test_delay_and_jitter(pg, proxy, obs, schema, tmp_path):
     n = 800
-    sup = _sup(proxy, schema, tmp_path)
+    sup = _sup(pg, proxy, schema, tmp_path)
     with supervisors(sup.start()):
         enqueue_many(pg.dsn, schema, n, {"sleep": 0.002})
         t0 = time.monotonic()
@@ -218,7 +234,7 @@ def test_lost_commit_ack_of_a_completion_batch(pg, proxy, obs, schema, tmp_path)
     first flush: a statement's text travels only until psycopg prepares it.
     """
     n = 400
-    sup = _sup(proxy, schema, tmp_path, stripes=1, concurrency=8)
+    sup = _sup(pg, proxy, schema, tmp_path, stripes=1, concurrency=8)
     rule = proxy.lose_ack(r"^awa_fast:batcher:", (b"COMMIT", b"receipt_complete"), close_after=0.3, count=1)
     with supervisors(sup.start()):
         enqueue_many(pg.dsn, schema, n, {"sleep": 0.002})
@@ -237,7 +253,7 @@ def test_lost_commit_ack_of_a_completion_batch(pg, proxy, obs, schema, tmp_path)
 def test_lost_ack_of_a_claim(pg, proxy, obs, schema, tmp_path):
     """A claim commits but its rows never reach the claimer: the attempts are rescued and run again."""
     n = 50
-    sup = _sup(proxy, schema, tmp_path, stripes=1, concurrency=8)
+    sup = _sup(pg, proxy, schema, tmp_path, stripes=1, concurrency=8)
     # jobs wait before the claimer starts, so its first claim (sent as text: later ones are
     # prepared statements) takes some, and that answer is lost
     enqueue_many(pg.dsn, schema, n, {"sleep": 0.002})

@@ -223,7 +223,7 @@ class SupervisorProc:
         from awa_fast.runtime.status import _local_snapshot
 
         try:
-            return _local_snapshot(self.home, self.schema)
+            return _local_snapshot(self.home, self.schema, self.pid)
         except Exception:  # noqa: BLE001 - torn down while reading
             return None
 

@@ -248,7 +248,13 @@ def test_dlq_list_retry_purge_json(pg_dsn, schema, storage, conn):
     res = _admin(pg_dsn, schema, "dlq", "purge", "--id", str(b), "--json")
     assert res.returncode == 0 and json.loads(res.stdout) == {"purged": 1}, res
     assert {r["job_id"] for r in json.loads(_admin(pg_dsn, schema, "dlq", "list", "--json").stdout)} == {c}
-    res = _admin(pg_dsn, schema, "dlq", "purge", "--queue", "adminq", "--json")
+    # a whole queue: refused without --yes when stdin is no terminal, --dry-run only lists
+    line = _one_error_line(_admin(pg_dsn, schema, "dlq", "purge", "--queue", "adminq", "--json"), code=2)
+    assert "--yes" in line and "1 DLQ entries" in line, line
+    res = _admin(pg_dsn, schema, "dlq", "purge", "--queue", "adminq", "--dry-run", "--json")
+    assert res.returncode == 0 and json.loads(res.stdout) == {"would_purge": [c]}, res
+    assert {r["job_id"] for r in json.loads(_admin(pg_dsn, schema, "dlq", "list", "--json").stdout)} == {c}
+    res = _admin(pg_dsn, schema, "dlq", "purge", "--queue", "adminq", "--yes", "--json")
     assert res.returncode == 0 and json.loads(res.stdout) == {"purged": 1}, res
     assert json.loads(_admin(pg_dsn, schema, "dlq", "list", "--json").stdout) == []
 
@@ -273,6 +279,205 @@ def test_a_purged_dlq_job_is_unknown_not_closing(pg_dsn, schema, storage, conn):
     assert storage.job_load(conn, job_id) is None
     line = _one_error_line(_admin(pg_dsn, schema, "job", "show", str(job_id), "--json"), code=2)
     assert f"no job {job_id}" in line
+
+
+def test_dlq_purge_and_retry_honour_both_filters(pg_dsn, schema, storage, conn):
+    a = _dlq_job(pg_dsn, schema, storage, conn, "a")              # queue adminq
+    other = _dlq_job_in(pg_dsn, schema, storage, conn, "otherq")
+    res = _admin(pg_dsn, schema, "dlq", "purge", "--id", str(other), "--queue", "adminq", "--json")
+    assert res.returncode == 0 and json.loads(res.stdout) == {"purged": 0}, res
+    res = _admin(pg_dsn, schema, "dlq", "retry", "--id", str(other), "--queue", "adminq", "--json")
+    assert res.returncode == 0 and json.loads(res.stdout) == {"retried": []}, res
+    res = _admin(pg_dsn, schema, "dlq", "retry", "--queue", "otherq", "--dry-run", "--json")
+    assert json.loads(res.stdout) == {"would_retry": [other]}
+    assert {r["job_id"] for r in json.loads(_admin(pg_dsn, schema, "dlq", "list", "--json").stdout)} == {a, other}
+    res = _admin(pg_dsn, schema, "dlq", "purge", "--id", str(a), "--id", str(other), "--queue", "adminq")
+    assert res.returncode == 0 and res.stdout.strip() == "purged 1 jobs", res
+    assert [r["job_id"] for r in json.loads(_admin(pg_dsn, schema, "dlq", "list", "--json").stdout)] == [other]
+
+
+def _dlq_job_in(pg_dsn, schema, storage, conn, queue):  # noqa: ANN001, ANN202
+    job_id = enqueue_one(pg_dsn, schema, "rt.sync", {}, queue=queue)
+    claimer = connect(pg_dsn, schema, "claimer")
+    try:
+        snap = [s for s in storage.lane_claim(claimer, queue, 100) if s.job_id == job_id][0]
+        assert storage.attempt_close(claimer, [(snap, CLOSE_FAIL, None, "x")])[0].status == "ok"
+    finally:
+        claimer.close()
+    return job_id
+
+
+def test_dlq_purge_of_a_queue_asks_on_a_terminal(pg_dsn, schema, storage, conn):
+    import pty
+    import subprocess
+    import sys
+
+    from tests.integration.runtime_helpers import REPO_ROOT
+
+    job_id = _dlq_job(pg_dsn, schema, storage, conn)
+
+    def run(answer: bytes) -> subprocess.CompletedProcess[str]:
+        primary, secondary = pty.openpty()
+        try:
+            os.write(primary, answer)
+            return subprocess.run([sys.executable, "-m", "awa_fast.cli", "dlq", "purge", "--queue", "adminq",
+                                   "--dsn", pg_dsn, "--schema", schema], stdin=secondary, capture_output=True,
+                                  text=True, timeout=60, cwd=str(REPO_ROOT))
+        finally:
+            os.close(primary)
+            os.close(secondary)
+
+    no = run(b"n\n")
+    assert no.returncode == 1 and "purge all 1 DLQ entries of queue adminq" in no.stderr, no
+    assert "nothing purged" in no.stderr and storage.job_load(conn, job_id)["state"] == "dlq"
+    yes = run(b"y\n")
+    assert yes.returncode == 0 and yes.stdout.strip() == "purged 1 jobs", yes
+    assert storage.job_load(conn, job_id) is None
+
+
+@pytest.mark.parametrize("args", [
+    ["job", "show", "99999999999999999999"], ["job", "show", "-1"], ["job", "show", "0"], ["job", "show", "abc"],
+    ["job", "cancel", "99999999999999999999"], ["job", "retry", "-5"], ["dlq", "list", "--limit", "-1"],
+    ["dlq", "list", "--limit", "0"], ["job", "list", "--limit", "100001"], ["job", "list", "--state", "nope"],
+    ["dlq", "purge", "--id", "99999999999999999999"], ["queue", "configure", "q", "--deadline", "-3"],
+    ["queue", "configure", "q", "--enqueue-shards", "65"], ["queue", "configure", "q", "--heartbeat-timeout", "0"],
+    ["job", "list", "--before", "-1"], ["queue", "show", "bad queue!"], ["--log-level", "loud", "status"],
+])
+def test_out_of_range_values_are_one_line_exit_2(pg_dsn, schema, args):
+    line = _one_error_line(cli(*args, "--dsn", pg_dsn, "--schema", schema), code=2)
+    assert line.startswith("awa-fast"), line
+
+
+def test_a_database_error_is_one_line_exit_2(pg_dsn, schema, conn):
+    enqueue_one(pg_dsn, schema, "rt.sync", {}, queue="adminq")
+    conn.execute(render("DROP FUNCTION __SCHEMA__.job_load_v2(bigint) CASCADE", schema))
+    for args in (["job", "show", "1"], ["job", "list"]):
+        line = _one_error_line(_admin(pg_dsn, schema, *args), code=2)
+        assert line.startswith("awa-fast: error: database error:") and "job_load" in line, line
+
+
+def test_job_list_and_show_with_progress_and_errors(pg_dsn, schema, storage, conn):
+    from awa_fast.client import encode_payload
+    from awa_fast.storage import CLOSE_RETRY
+
+    a = enqueue_one(pg_dsn, schema, "rt.sync", {"n": 1}, queue="adminq")
+    claimer = connect(pg_dsn, schema, "claimer")
+    try:
+        snap = storage.lane_claim(claimer, "adminq", 10)[0]
+        assert storage.attempt_close(claimer, [(snap, CLOSE_RETRY, 0.0, "first try broke")])[0].status == "ok"
+        assert storage.deferred_promote(claimer) == 1
+        snap = storage.lane_claim(claimer, "adminq", 10)[0]
+        storage.attempt_heartbeat(claimer, [snap], [encode_payload({"pct": 50})])
+    finally:
+        claimer.close()
+    b = enqueue_one(pg_dsn, schema, "rt.other", {}, queue="otherq")
+    c = enqueue_one(pg_dsn, schema, "rt.sync", {}, queue="adminq", delay=3600)
+    rows = json.loads(_admin(pg_dsn, schema, "job", "list", "--json").stdout)
+    assert [r["job_id"] for r in rows] == sorted([a, b, c], reverse=True)
+    assert [r["job_id"] for r in json.loads(_admin(pg_dsn, schema, "job", "list", "--queue", "otherq",
+                                                   "--json").stdout)] == [b]
+    assert [r["job_id"] for r in json.loads(_admin(pg_dsn, schema, "job", "list", "--kind", "rt.sync",
+                                                   "--state", "scheduled", "--json").stdout)] == [c]
+    assert len(json.loads(_admin(pg_dsn, schema, "job", "list", "--limit", "1", "--json").stdout)) == 1
+    text = _admin(pg_dsn, schema, "job", "list", "--state", "running").stdout
+    assert text.strip() == f"{a} running adminq rt.sync attempt 2/25", text
+
+    shown = json.loads(_admin(pg_dsn, schema, "job", "show", str(a), "--json").stdout)
+    assert (shown["state"], shown["attempt"], shown["progress"], shown["result"]) == ("running", 2, {"pct": 50}, None)
+    assert [e["error"] for e in shown["errors"]] == ["first try broke"]
+    text = _admin(pg_dsn, schema, "job", "show", str(a)).stdout
+    assert f"job {a}: running" in text and 'progress {"pct": 50}' in text and "result null" in text, text
+    assert "    attempt 1: first try broke" in text, text
+
+
+def test_queue_configure_show_and_list_show_the_deadline(pg_dsn, schema, storage, conn):
+    enqueue_one(pg_dsn, schema, "rt.sync", {}, queue="adminq")
+    res = _admin(pg_dsn, schema, "queue", "configure", "adminq", "--deadline", "300", "--heartbeat-timeout", "45",
+                 "--no-dlq", "--dlq-retention", "3600", "--history-retention", "7200", "--json")
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout)
+    assert (got["deadline"], got["heartbeat_timeout"], got["dlq"], got["dlq_retention"], got["history_retention"]) \
+        == (300.0, 45.0, False, 3600.0, 7200.0), got
+    text = _admin(pg_dsn, schema, "queue", "list").stdout
+    assert text.strip().startswith("adminq: active, deadline 300s, heartbeat timeout 45s, dlq off"), text
+    shown = json.loads(_admin(pg_dsn, schema, "queue", "show", "adminq", "--json").stdout)
+    assert shown["deadline"] == 300.0 and shown["counts"]["available"] == 1, shown
+    assert "available 1" in _admin(pg_dsn, schema, "queue", "show", "adminq").stdout
+    res = _admin(pg_dsn, schema, "queue", "configure", "adminq", "--deadline", "0", "--dlq", "--json")
+    assert (json.loads(res.stdout)["deadline"], json.loads(res.stdout)["dlq"]) == (None, True), res
+    assert "deadline none" in _admin(pg_dsn, schema, "queue", "list").stdout
+    line = _one_error_line(_admin(pg_dsn, schema, "queue", "show", "nosuchq"), code=2)
+    assert "no queue 'nosuchq'" in line, line
+
+
+def test_version_module_entry_point_and_global_options_after_the_command(pg_dsn, schema):
+    import subprocess
+    import sys
+
+    import awa_fast
+
+    res = cli("--version")
+    assert res.returncode == 0 and res.stdout.strip() == f"awa-fast {awa_fast.__version__}"
+    via_module = subprocess.run([sys.executable, "-m", "awa_fast", "queue", "list", "--dsn", pg_dsn, "--schema",
+                                 schema, "--json"], capture_output=True, text=True, timeout=60)
+    assert via_module.returncode == 0 and json.loads(via_module.stdout) == []
+    assert subprocess.run([sys.executable, "-m", "awa_fast", "--version"], capture_output=True,
+                          text=True).stdout == res.stdout
+    quiet = cli("queue", "list", "--dsn", pg_dsn, "--schema", schema, "--log-level", "DEBUG")
+    assert quiet.returncode == 0 and "DEBUG awa_fast.cli" in quiet.stderr, quiet.stderr
+    assert "using PostgreSQL at" in quiet.stderr and "(from --dsn)" in quiet.stderr
+    before = cli("--log-level", "WARNING", "queue", "list", "--dsn", pg_dsn, "--schema", schema)
+    assert before.returncode == 0 and before.stderr == ""
+
+
+HELP_COMMANDS = [[], ["migrate"], ["db"], ["db", "start"], ["db", "stop"], ["db", "status"], ["db", "url"],
+                 ["supervise"], ["status"], ["job"], ["job", "list"], ["job", "show"], ["job", "cancel"],
+                 ["job", "retry"], ["queue"], ["queue", "list"], ["queue", "show"], ["queue", "configure"],
+                 ["queue", "pause"], ["queue", "resume"], ["dlq"], ["dlq", "list"], ["dlq", "retry"],
+                 ["dlq", "purge"], ["bench"]]
+
+
+@pytest.mark.parametrize("args", HELP_COMMANDS, ids=lambda a: "-".join(a) or "top")
+def test_every_help_says_what_the_command_does_with_an_example(args):
+    res = cli(*args, "--help")
+    assert res.returncode == 0, res.stderr
+    if len(args) == 1 and args[0] in ("db", "job", "queue", "dlq"):
+        assert "ACTION" in res.stdout          # groups list their actions, each with its own example
+        return
+    assert "example" in res.stdout and "awa-fast " in res.stdout.split("example")[1], res.stdout
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["queue", "list"], ["job", "list"],
+                                  ["dlq", "list", "--json"], ["status"]])
+def test_output_into_a_closed_pipe_ends_quietly(pg_dsn, schema, args):
+    import subprocess
+    import sys
+
+    enqueue_one(pg_dsn, schema, "rt.sync", {}, queue="adminq")
+    full = [*args] if args[0].startswith("--") else [*args, "--dsn", pg_dsn, "--schema", schema]
+    proc = subprocess.Popen([sys.executable, "-m", "awa_fast", *full], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()                      # the reader is gone before the first line is written
+    code = proc.wait(timeout=60)
+    err = proc.stderr.read()
+    proc.stderr.close()
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+    assert code in (0, 141), (code, err)
+
+
+def test_status_and_admin_commands_never_start_the_embedded_server(tmp_path):
+    home = tmp_path / "home"
+    for args in (["status"], ["job", "list"], ["queue", "list"], ["dlq", "list"]):
+        line = _one_error_line(cli(*args, env={"AWA_FAST_HOME": str(home)}), code=2)
+        assert "embedded server" in line and "awa-fast db start" in line, line
+    assert not (home / "pgdata").exists()
+
+
+def test_not_migrated_hint_names_the_schema(pg_dsn):
+    line = _one_error_line(cli("status", "--dsn", pg_dsn, "--schema", "nowhere_yet"), code=2)
+    assert "awa-fast migrate --schema nowhere_yet" in line, line
+    line = _one_error_line(cli("queue", "list", "--dsn", pg_dsn, env={"AWA_FAST_SCHEMA": "nowhere_env"}), code=2)
+    assert "awa-fast migrate --schema nowhere_env" in line, line
 
 
 # -- the embedded server -----------------------------------------------------------------

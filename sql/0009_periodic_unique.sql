@@ -1,4 +1,5 @@
 -- awa-fast periodic jobs and unique jobs (issue 13).
+-- compatible-with-previous: yes
 -- Immutable once landed, like every migration.
 --
 -- Additive: three new tables and new functions only. No existing table,

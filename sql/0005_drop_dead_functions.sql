@@ -1,0 +1,27 @@
+-- awa-fast: drop the storage functions nothing calls any more.
+-- compatible-with-previous: yes
+-- Immutable once landed, like every migration (rule: docs/storage.md,
+-- "Migrations").
+--
+-- Drops claim_batch(text, int, int, int), the version-1 claim of 0002.
+-- Migration 0003 added claim_batch_v2 (the same claim plus the backlog
+-- marker) and kept claim_batch "for version-1 callers"; since 0003 the only
+-- claim the runtime issues is the named query lane_claim in queries.sql,
+-- which calls claim_batch_v2. No function body, named query, Python module,
+-- test or benchmark calls claim_batch (checked with grep over awa_fast/,
+-- sql/, tests/ and perf/: the remaining hits are the ClaimerConfig field
+-- claim_batch, the batch size, and the chaos proxy matching the bytes
+-- "claim_batch" as a prefix of claim_batch_v2 on the wire).
+--
+-- Nothing else goes: every other function has a caller. receipt_complete_rows
+-- (version 1) looks dead but is not: receipt_complete_rows_v2 calls it for a
+-- batch whose receipts span several claim slots.
+--
+-- Previous runtimes: a runtime from 0003 on (it claims through
+-- claim_batch_v2) keeps running against this schema unchanged. A runtime
+-- from before 0003 calls claim_batch and fails with undefined_function on
+-- its first claim: upgrade such a runtime before applying this migration.
+-- (No release has shipped yet; 0.1.0 is untagged.)
+-- Regenerate sql/schema.sql with tools/schema_dump.py in the same commit.
+
+DROP FUNCTION __SCHEMA__.claim_batch(text, int, int, int);
