@@ -34,6 +34,7 @@ from awa_fast.errors import (
 from awa_fast.jobs import AttemptClosed, Cancel, ClaimSnapshot, Job, RetryAfter, Snooze, WaitForCallback
 from awa_fast.limits import Rate
 from awa_fast.records import JOB_STATES, TERMINAL_STATES, DlqEntry, JobInfo, QueueSettings
+from awa_fast.unique import Unique, UniqueConflict  # issue 13: periodic and unique jobs
 
 __impl__: str = _impl.IMPL
 try:
@@ -69,6 +70,8 @@ __all__ = [
     "Snooze",
     "TERMINAL_STATES",
     "TerminalError",
+    "Unique",
+    "UniqueConflict",
     "UnknownJob",
     "WaitForCallback",
 ]

@@ -37,6 +37,7 @@ from awa_fast.jobs import AttemptClosed, JobSpec
 from awa_fast.limits import KEEP, Rate
 from awa_fast.records import JOB_STATES, DlqEntry, JobInfo, QueueSettings, flag, int_in, seconds
 from awa_fast.storage import connect, redact_dsn
+from awa_fast.unique import Unique
 
 F = TypeVar("F", bound=Callable[..., Any])
 log = logging.getLogger("awa_fast.app")
@@ -265,17 +266,20 @@ class App(Client):
     # -- handlers ---------------------------------------------------------------------
 
     def job(self, kind: str, *, queue: str | None = None, priority: int = PRIORITY_DEFAULT,
-            max_attempts: int = 25, args_type: type | None = None) -> Callable[[F], F]:
+            max_attempts: int = 25, args_type: type | None = None,
+            unique: Unique | bool | None = None) -> Callable[[F], F]:
         """Register ``def handler(job)`` or ``async def handler(job)`` for ``kind``.
 
         ``queue`` defaults to the app's ``default_queue`` (else ``default``).
         ``args_type`` (a ``msgspec.Struct`` or dataclass) makes ``job.args``
         a typed object; type the handler as ``awa_fast.Job[ArgsType]``.
+        ``unique=awa_fast.Unique(...)`` makes every enqueue of the kind unique by default.
         """
         validate_name("kind", kind)
         q = validate_name("queue", queue if queue is not None else self.default_queue)
         validate_priority(priority)
         validate_max_attempts(max_attempts)
+        self._unique_default(kind, unique)
 
         def register(fn: F) -> F:
             if kind in self.registry:
@@ -323,7 +327,8 @@ class App(Client):
 
     def enqueue(self, kind: str, args: Any = None, *, queue: str | None = None, priority: int | None = None,
                 max_attempts: int | None = None, metadata: Any = None, run_at: Any = None,
-                delay: float | None = None, conn: psycopg.Connection | None = None) -> int:
+                delay: float | None = None, conn: psycopg.Connection | None = None,
+                unique: Unique | bool | None = None) -> int:
         """Enqueue one job (defaults from the kind's registration); returns its id.
 
         ``args`` may be a dict, a ``msgspec.Struct``, a dataclass (datetime,
@@ -332,52 +337,59 @@ class App(Client):
         """
         queue, priority, max_attempts = self._defaults(kind, queue, priority, max_attempts)
         return super().enqueue(kind, args, queue=queue, priority=priority, max_attempts=max_attempts,
-                               metadata=metadata, run_at=run_at, delay=delay, conn=conn)
+                               metadata=metadata, run_at=run_at, delay=delay, conn=conn,
+                               unique=self._unique_for(kind, unique))
 
     async def enqueue_async(self, kind: str, args: Any = None, *, conn: psycopg.AsyncConnection | None = None,
                             queue: str | None = None, priority: int | None = None,
                             max_attempts: int | None = None, metadata: Any = None, run_at: Any = None,
-                            delay: float | None = None) -> int:
+                            delay: float | None = None, unique: Unique | bool | None = None) -> int:
         """Async twin of :meth:`enqueue`."""
         queue, priority, max_attempts = self._defaults(kind, queue, priority, max_attempts)
         async with self._aconn_scope(conn) as c:
             return await super().enqueue_async(kind, args, conn=c, queue=queue, priority=priority,
                                                max_attempts=max_attempts, metadata=metadata, run_at=run_at,
-                                               delay=delay)
+                                               delay=delay, unique=self._unique_for(kind, unique))
 
     @overload
     def enqueue_many(self, kind: str, args_list: Any, *, queue: str | None = ..., priority: int | None = ...,
                      max_attempts: int | None = ..., metadata: Any = ..., conn: psycopg.Connection | None = ...,
-                     chunk: int = ..., progress: Any = ..., return_ids: Literal[False] = ...) -> int: ...
+                     chunk: int = ..., progress: Any = ..., return_ids: Literal[False] = ...,
+                     unique: Unique | bool | None = ...) -> int: ...
 
     @overload
     def enqueue_many(self, kind: str, args_list: Any, *, queue: str | None = ..., priority: int | None = ...,
                      max_attempts: int | None = ..., metadata: Any = ..., conn: psycopg.Connection | None = ...,
-                     chunk: int = ..., progress: Any = ..., return_ids: Literal[True]) -> list[int]: ...
+                     chunk: int = ..., progress: Any = ..., return_ids: Literal[True],
+                     unique: Unique | bool | None = ...) -> list[int]: ...
 
     def enqueue_many(self, kind: str, args_list: Any, *, queue: str | None = None, priority: int | None = None,
                      max_attempts: int | None = None, metadata: Any = None,
                      conn: psycopg.Connection | None = None, chunk: int = 50_000, progress: Any = None,
-                     return_ids: bool = False) -> int | list[int]:
+                     return_ids: bool = False, unique: Unique | bool | None = None) -> int | list[int]:
         """Bulk-enqueue by binary COPY (defaults from the kind's registration).
 
-        Returns how many, or their ids in order with ``return_ids=True``.
+        Returns how many, or their ids in order with ``return_ids=True``. With
+        ``unique=`` (or the kind's default) duplicates are skipped and the result
+        is a :class:`awa_fast.unique.UniqueManyResult`.
         """
         queue, priority, max_attempts = self._defaults(kind, queue, priority, max_attempts)
         return super().enqueue_many(kind, args_list, queue=queue, priority=priority, max_attempts=max_attempts,
                                     metadata=metadata, conn=conn, chunk=chunk, progress=progress,
-                                    return_ids=return_ids)
+                                    return_ids=return_ids, unique=self._unique_for(kind, unique))
 
     async def enqueue_many_async(self, kind: str, args_list: Any, *, conn: psycopg.AsyncConnection | None = None,
                                  queue: str | None = None, priority: int | None = None,
                                  max_attempts: int | None = None, metadata: Any = None, chunk: int = 50_000,
-                                 progress: Any = None, return_ids: bool = False) -> Any:
+                                 progress: Any = None, return_ids: bool = False,
+                                 unique: Unique | bool | None = None) -> Any:
         """Async twin of :meth:`enqueue_many`."""
         queue, priority, max_attempts = self._defaults(kind, queue, priority, max_attempts)
         async with self._aconn_scope(conn) as c:
             return await super().enqueue_many_async(kind, args_list, conn=c, queue=queue, priority=priority,
                                                     max_attempts=max_attempts, metadata=metadata, chunk=chunk,
-                                                    progress=progress, return_ids=return_ids)
+                                                    progress=progress, return_ids=return_ids,
+                                                    unique=self._unique_for(kind, unique))
 
     # -- jobs -----------------------------------------------------------------------------
 
@@ -831,6 +843,80 @@ class App(Client):
         from awa_fast.worker import stop_worker
 
         return stop_worker(self)
+
+    # -- periodic and unique jobs (issue 13; logic in awa_fast/periodic.py and awa_fast/unique.py) --------
+
+    @property
+    def unique_defaults(self) -> dict[str, Any]:
+        """Kind -> its default :class:`awa_fast.Unique` (from ``@app.job(unique=...)``)."""
+        d = self.__dict__.get("_unique_defaults")
+        if d is None:
+            d = self.__dict__["_unique_defaults"] = {}
+        return d
+
+    @property
+    def schedules(self) -> dict[str, Any]:
+        """Schedule name -> :class:`awa_fast.periodic.Schedule` declared with :meth:`periodic`."""
+        d = self.__dict__.get("_schedules")
+        if d is None:
+            d = self.__dict__["_schedules"] = {}
+        return d
+
+    def _unique_default(self, kind: str, unique: Any) -> None:
+        if unique is not None and unique is not False:
+            from awa_fast.unique import _check
+
+            self.unique_defaults[kind] = _check(unique)
+
+    def _unique_for(self, kind: str, unique: Any) -> Any:
+        # None: the kind's default (usually none: one dict lookup); False: not unique for this call.
+        if unique is None:
+            d = self.__dict__.get("_unique_defaults")
+            return d.get(kind) if d else None
+        return unique
+
+    def periodic(self, name_or_cron: str, cron: str | None = None, kind: str | None = None, args: Any = None, *,
+                 name: str | None = None, timezone: str = "UTC", queue: str | None = None,
+                 priority: int | None = None, missed: str = "coalesce", catch_up_cap: int = 100,
+                 metadata: Any = None, max_attempts: int | None = None, unique: Unique | bool | None = None) -> Any:
+        """Declare a periodic job, or (with only a cron) decorate a handler registered with :meth:`job`.
+
+        ``app.periodic("report", "*/5 * * * *", "report.build", {"full": True})`` declares one;
+        ``@app.periodic("*/5 * * * *", name="report")`` stacked on ``@app.job(...)`` fires the
+        decorated handler's kind. Cron: five fields, six with seconds first, or ``@hourly`` etc.,
+        in ``timezone`` (IANA). ``missed``: ``coalesce`` fires once for a run of missed ticks,
+        ``catch_up`` each (at most ``catch_up_cap``). Schedules reach the database when a
+        supervisor or worker starts.
+        """
+        from awa_fast import periodic as _periodic
+
+        opts = {"timezone": timezone, "queue": queue, "priority": priority, "missed": missed,
+                "catch_up_cap": catch_up_cap, "metadata": metadata, "max_attempts": max_attempts,
+                "unique": unique}
+        if kind is not None:
+            if cron is None or name is not None:
+                raise ConfigError("app.periodic(name, cron, kind, args=None, ...): give the name once")
+            self._add_schedule(_periodic.declare(name_or_cron, cron, kind, args, **opts))  # type: ignore[arg-type]
+            return self.schedules[name_or_cron]
+        if cron is not None:
+            raise ConfigError("app.periodic(name, cron, kind, ...) needs the kind; as a decorator use "
+                              "@app.periodic(cron, name=...)")
+        expr = name_or_cron
+        _periodic.normalize_cron(expr)
+
+        def decorate(fn: F) -> F:
+            kinds = [k for k, spec in self.registry.items() if spec.handler is fn]
+            if len(kinds) != 1:
+                raise ConfigError("@app.periodic(...) goes above @app.job(...) on the same function")
+            self._add_schedule(_periodic.declare(name or kinds[0], expr, kinds[0], args, **opts))  # type: ignore[arg-type]
+            return fn
+
+        return decorate
+
+    def _add_schedule(self, schedule: Any) -> None:
+        if schedule.name in self.schedules:
+            raise ConfigError(f"schedule {schedule.name!r} is declared twice; names are unique")
+        self.schedules[schedule.name] = schedule
 
 
 __all__ = ["App", "KEEP", "check_dsn", "dsn_from_environment", "resolve_dsn", "resolve_schema"]

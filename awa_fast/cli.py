@@ -25,6 +25,7 @@ from typing import Any, NoReturn
 
 import psycopg
 
+from awa_fast import cron_cli
 from awa_fast.errors import AwaFastError, ConfigError, DatabaseUnavailable, UnknownJob
 
 log = logging.getLogger("awa_fast.cli")
@@ -653,6 +654,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--rss-every", type=float, default=0.0, metavar="SECONDS",
                     help="latency, pinned-reader: sample every claimer's RSS this often (0: off)")
     sp.set_defaults(func=cmd_bench)
+    cron_cli.add_parser(sub)  # awa-fast cron list|pause|resume|trigger (awa_fast/cron_cli.py)
     return p
 
 

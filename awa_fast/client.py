@@ -20,6 +20,7 @@ import orjson
 import psycopg
 
 from awa_fast import _impl
+from awa_fast import unique as _unique
 from awa_fast.errors import InvalidName, OutOfRange, PayloadError
 from awa_fast.storage import RawJson, Storage, connect
 
@@ -177,20 +178,30 @@ class Client:
 
     def enqueue(self, kind: str, args: Any = None, *, queue: str | None = None, priority: int | None = None,
                 max_attempts: int | None = None, metadata: Any = None, run_at: _dt.datetime | None = None,
-                delay: float | None = None, conn: psycopg.Connection | None = None) -> int:
-        """Enqueue one job; returns its id. With ``conn`` it joins that connection's transaction."""
+                delay: float | None = None, conn: psycopg.Connection | None = None,
+                unique: _unique.Unique | bool | None = None) -> int:
+        """Enqueue one job; returns its id. With ``conn`` it joins that connection's transaction.
+
+        ``unique=awa_fast.Unique(...)`` raises :class:`awa_fast.UniqueConflict` when another job holds the key.
+        """
         q, prio, kind, a, m, attempts, when, wait = self._prepare(
             kind, args, queue, priority, max_attempts, metadata, run_at, delay)
         with self._conn_scope(conn) as target:
+            if unique:
+                return _unique.enqueue_one(self.storage, target, unique, q, prio, kind, a, m, attempts, when, wait)
             return self.storage.job_enqueue(target, q, prio, kind, a, m, attempts, when, wait)
 
     async def enqueue_async(self, kind: str, args: Any = None, *, conn: psycopg.AsyncConnection,
                             queue: str | None = None, priority: int | None = None,
                             max_attempts: int | None = None, metadata: Any = None,
-                            run_at: _dt.datetime | None = None, delay: float | None = None) -> int:
+                            run_at: _dt.datetime | None = None, delay: float | None = None,
+                            unique: _unique.Unique | bool | None = None) -> int:
         """Enqueue one job on an async connection, inside its transaction."""
         q, prio, kind, a, m, attempts, when, wait = self._prepare(
             kind, args, queue, priority, max_attempts, metadata, run_at, delay)
+        if unique:
+            return await _unique.enqueue_one_async(self.storage, conn, unique, q, prio, kind, a, m, attempts,
+                                                   when, wait)
         return await self.storage.job_enqueue_async(conn, q, prio, kind, a, m, attempts, when, wait)
 
     def _prepare_many(self, kind: str, args_list: Iterable[Any], queue: str | None, priority: int | None,
@@ -210,8 +221,14 @@ class Client:
     def enqueue_many(self, kind: str, args_list: Iterable[Any], *, queue: str | None = None,
                      priority: int | None = None, max_attempts: int | None = None, metadata: Any = None,
                      conn: psycopg.Connection | None = None, chunk: int = 50_000,
-                     progress: Any = None, return_ids: bool = False) -> Any:
+                     progress: Any = None, return_ids: bool = False,
+                     unique: _unique.Unique | bool | None = None) -> Any:
         """Bulk-enqueue jobs of one kind by binary COPY; returns how many.
+
+        With ``unique=awa_fast.Unique(...)`` duplicates (within the call or
+        held by another job) are skipped and the result is a
+        :class:`awa_fast.unique.UniqueManyResult` (an int: rows inserted,
+        with ``inserted``, ``skipped`` and ``job_ids``).
 
         Every payload is checked and encoded before the first row is sent.
         With ``conn`` the rows join that transaction; otherwise they commit
@@ -222,6 +239,10 @@ class Client:
         """
         q, prio, payloads, m, attempts, progress = self._prepare_many(
             kind, args_list, queue, priority, max_attempts, metadata, progress, chunk)
+        if unique:
+            with self._conn_scope(conn) as target:
+                return _unique.enqueue_many(self.storage, target, unique, q, prio, kind, payloads, m, attempts,
+                                            chunk, progress)
         done = 0
         ids: list[int] | None = [] if return_ids else None
         with self._conn_scope(conn) as target:
@@ -242,10 +263,14 @@ class Client:
     async def enqueue_many_async(self, kind: str, args_list: Iterable[Any], *, conn: psycopg.AsyncConnection,
                                  queue: str | None = None, priority: int | None = None,
                                  max_attempts: int | None = None, metadata: Any = None, chunk: int = 50_000,
-                                 progress: Any = None, return_ids: bool = False) -> Any:
+                                 progress: Any = None, return_ids: bool = False,
+                                 unique: _unique.Unique | bool | None = None) -> Any:
         """Async twin of :meth:`enqueue_many` on an async connection (joins its transaction)."""
         q, prio, payloads, m, attempts, progress = self._prepare_many(
             kind, args_list, queue, priority, max_attempts, metadata, progress, chunk)
+        if unique:
+            return await _unique.enqueue_many_async(self.storage, conn, unique, q, prio, kind, payloads, m,
+                                                    attempts, chunk, progress)
         done = 0
         ids: list[int] | None = [] if return_ids else None
         scope = conn.transaction() if conn.autocommit else contextlib.nullcontext()

@@ -37,6 +37,7 @@ import psycopg
 
 from awa_fast.errors import AwaFastError, ConfigError
 from awa_fast.jobs import AttemptClosed
+from awa_fast.periodic import sync_app_schedules
 from awa_fast.runtime.claimer import Claimer, ClaimerConfig
 from awa_fast.runtime.maintenance import Maintenance, MaintenanceConfig
 from awa_fast.runtime.supervisor import QueueSpec, parse_queue_spec
@@ -299,6 +300,7 @@ class Worker:
                                   "(jobs stranded or enqueued twice): set wal_level=replica and restart PostgreSQL")
             for q in self.config.queues:
                 self.storage.queue_ensure(conn, q.name)
+            sync_app_schedules(conn, self.storage, self.app)  # declared periodic jobs -> schedules
         finally:
             conn.close()
 

@@ -446,3 +446,88 @@ ON CONFLICT (queue) DO UPDATE SET
 -- Per limited queue: limits, running now (derived like the claim, no write), tokens left now.
 SELECT queue, max_running, rate_count, rate_per, rate_burst, running, tokens
 FROM __SCHEMA__.queue_limit_status()
+
+-- Periodic and unique jobs (migration 0005; awa_fast/periodic.py, awa_fast/unique.py)
+-- ---------------------------------------------------------------------------
+
+-- name: job_enqueue_unique
+-- Enqueue one unique job: (job_id, inserted); inserted false names the holder and wrote nothing.
+SELECT job_id, inserted FROM __SCHEMA__.job_enqueue_unique(%s::bytea, %s::float8, %s::int, %s::text, %s::int,
+    %s::text, %s::jsonb, %s::jsonb, %s::int, %s::timestamptz, %s::float8)
+
+-- name: job_enqueue_unique_many
+-- Enqueue many unique jobs of one kind (keys distinct within the call): (job_id, inserted) per row, in order.
+SELECT job_id, inserted FROM __SCHEMA__.job_enqueue_unique_many(%s::bytea[], %s::float8, %s::int, %s::text,
+    %s::int, %s::text, %s::jsonb[], %s::jsonb, %s::int)
+
+-- name: unique_sweep
+-- One batch of the stale-key sweep, in key order after a position (NULL: from the start).
+SELECT swept, scanned, last_key, last_bucket FROM __SCHEMA__.unique_sweep(%s::bytea, %s::bigint, %s::int)
+
+-- name: unique_key_holder
+-- The job holding a key now (any state), for admin and tests.
+SELECT job_id, bucket, states, expires_at FROM __SCHEMA__.unique_keys WHERE key = %s::bytea ORDER BY bucket DESC
+
+-- name: schedule_upsert
+-- Declare a schedule from code: insert, or update its definition (a changed cron re-anchors nothing:
+-- the evaluator continues from the newest fire). Re-enables a schedule that came back into code.
+INSERT INTO __SCHEMA__.schedules AS s (name, cron, timezone, kind, args, metadata, queue, priority, max_attempts,
+    missed, catch_up_cap, unique_key, unique_period, unique_states, source)
+VALUES (%(name)s, %(cron)s, %(timezone)s, %(kind)s, %(args)s::jsonb, %(metadata)s::jsonb, %(queue)s,
+    %(priority)s, %(max_attempts)s, %(missed)s, %(catch_up_cap)s, %(unique_key)s::bytea, %(unique_period)s,
+    %(unique_states)s, %(source)s)
+ON CONFLICT (name) DO UPDATE SET cron = excluded.cron, timezone = excluded.timezone, kind = excluded.kind,
+    args = excluded.args, metadata = excluded.metadata, queue = excluded.queue, priority = excluded.priority,
+    max_attempts = excluded.max_attempts, missed = excluded.missed, catch_up_cap = excluded.catch_up_cap,
+    unique_key = excluded.unique_key, unique_period = excluded.unique_period,
+    unique_states = excluded.unique_states, source = excluded.source, enabled = true,
+    anchor_at = CASE WHEN s.enabled THEN s.anchor_at ELSE now() END, synced_at = now()
+WHERE (s.cron, s.timezone, s.kind, s.args, s.metadata, s.queue, s.priority, s.max_attempts, s.missed,
+       s.catch_up_cap, s.unique_key, s.unique_period, s.unique_states, s.source, s.enabled)
+   IS DISTINCT FROM (excluded.cron, excluded.timezone, excluded.kind, excluded.args, excluded.metadata,
+       excluded.queue, excluded.priority, excluded.max_attempts, excluded.missed, excluded.catch_up_cap,
+       excluded.unique_key, excluded.unique_period, excluded.unique_states, excluded.source, true)
+RETURNING (xmax = 0) AS created
+
+-- name: schedule_disable_missing
+-- Disable (never delete) the schedules of a source that its code no longer declares; returns their names.
+UPDATE __SCHEMA__.schedules SET enabled = false, synced_at = now()
+WHERE source = %s AND enabled AND NOT (name = ANY (%s::text[]))
+RETURNING name
+
+-- name: schedule_due_list
+-- Enabled, unpaused schedules with their newest scheduled fire, and the database clock.
+SELECT now(), s.name, s.cron, s.timezone, s.missed, s.catch_up_cap, s.anchor_at,
+       (SELECT max(f.tick) FROM __SCHEMA__.schedule_fires f WHERE f.schedule = s.name AND NOT f.manual)
+FROM __SCHEMA__.schedules s WHERE s.enabled AND NOT s.paused ORDER BY s.name
+
+-- name: schedule_fire
+-- Fire one tick of a schedule (ledger row + enqueue in this transaction): (outcome, job_id).
+SELECT outcome, job_id FROM __SCHEMA__.schedule_fire(%s::text, %s::timestamptz, %s::timestamptz, %s::int,
+    %s::text, %s::text, %s::boolean)
+
+-- name: schedule_list
+-- Every schedule with its newest fire (any kind) for `awa-fast cron list`, and the database clock.
+SELECT now(), s.name, s.cron, s.timezone, s.kind, s.queue, s.missed, s.enabled, s.paused, s.source, s.anchor_at,
+       (SELECT max(f.tick) FROM __SCHEMA__.schedule_fires f WHERE f.schedule = s.name AND NOT f.manual),
+       (SELECT max(f.fired_at) FROM __SCHEMA__.schedule_fires f WHERE f.schedule = s.name)
+FROM __SCHEMA__.schedules s ORDER BY s.name
+
+-- name: schedule_pause
+-- Pause or resume a schedule (resume re-anchors at now: ticks missed while paused never fire).
+UPDATE __SCHEMA__.schedules SET paused = %(paused)s,
+    anchor_at = CASE WHEN paused AND NOT %(paused)s THEN now() ELSE anchor_at END
+WHERE name = %(name)s
+
+-- name: schedule_fires_list
+-- The fire ledger of a schedule, oldest first.
+SELECT tick, prev_tick, coalesced, manual, job_id, held_by, fired_at
+FROM __SCHEMA__.schedule_fires WHERE schedule = %s ORDER BY tick
+
+-- name: schedule_fires_prune
+-- Drop fires older than a retention in one batch (never a schedule's newest scheduled fire).
+SELECT __SCHEMA__.schedule_fires_prune(make_interval(secs => %s::float8), %s::int)
+
+-- name: db_now
+-- The database clock (periodic evaluation compares ticks against it, never the client's clock).
+SELECT now()

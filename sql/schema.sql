@@ -4,7 +4,7 @@
 -- tests/integration/test_schema_snapshot.py fails when it is out of date.
 -- Rings installed with 4 slots each; owners omitted; names in C order.
 
--- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control
+-- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique
 
 
 ---------------------------------------------------------------------------
@@ -391,6 +391,46 @@ CREATE TABLE __SCHEMA__.ring_slots (
     CONSTRAINT ring_slots_pkey PRIMARY KEY (ring, slot)
 );
 
+CREATE TABLE __SCHEMA__.schedule_fires (
+    schedule text NOT NULL,
+    tick timestamp with time zone NOT NULL,
+    prev_tick timestamp with time zone,
+    coalesced integer DEFAULT 0 NOT NULL,
+    manual boolean DEFAULT false NOT NULL,
+    job_id bigint,
+    held_by bigint,
+    fired_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT schedule_fires_pkey PRIMARY KEY (schedule, tick)
+);
+CREATE INDEX schedule_fires_fired ON __SCHEMA__.schedule_fires USING btree (fired_at);
+
+CREATE TABLE __SCHEMA__.schedules (
+    name text NOT NULL,
+    cron text NOT NULL,
+    timezone text NOT NULL,
+    kind text NOT NULL,
+    args jsonb NOT NULL,
+    metadata jsonb,
+    queue text NOT NULL,
+    priority smallint NOT NULL,
+    max_attempts smallint NOT NULL,
+    missed text NOT NULL,
+    catch_up_cap integer DEFAULT 100 NOT NULL,
+    unique_key bytea,
+    unique_period double precision,
+    unique_states integer,
+    source text NOT NULL,
+    enabled boolean DEFAULT true NOT NULL,
+    paused boolean DEFAULT false NOT NULL,
+    anchor_at timestamp with time zone DEFAULT now() NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    synced_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT schedules_pkey PRIMARY KEY (name),
+    CONSTRAINT schedules_catch_up_cap_check CHECK (catch_up_cap >= 1 AND catch_up_cap <= 10000),
+    CONSTRAINT schedules_missed_check CHECK (missed = ANY (ARRAY['coalesce'::text, 'catch_up'::text])),
+    CONSTRAINT schedules_priority_check CHECK (priority >= 1 AND priority <= 4)
+);
+
 CREATE TABLE __SCHEMA__.schema_compat (
     version integer NOT NULL,
     compatible_with_previous boolean NOT NULL,
@@ -403,6 +443,16 @@ CREATE TABLE __SCHEMA__.schema_migrations (
     name text NOT NULL,
     applied_at timestamp with time zone DEFAULT now() NOT NULL,
     CONSTRAINT schema_migrations_pkey PRIMARY KEY (version)
+);
+
+CREATE TABLE __SCHEMA__.unique_keys (
+    key bytea NOT NULL,
+    bucket bigint DEFAULT 0 NOT NULL,
+    job_id bigint NOT NULL,
+    states integer NOT NULL,
+    expires_at timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT unique_keys_pkey PRIMARY KEY (key, bucket)
 );
 
 
@@ -1266,6 +1316,59 @@ BEGIN
     RETURNING job_id;
 END $function$;
 
+CREATE OR REPLACE FUNCTION __SCHEMA__.job_enqueue_unique(p_key bytea, p_period double precision, p_states integer, p_queue text, p_priority integer, p_kind text, p_args jsonb, p_metadata jsonb, p_max_attempts integer, p_run_at timestamp with time zone, p_delay double precision, OUT job_id bigint, OUT inserted boolean)
+ RETURNS record
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $function$
+DECLARE
+    v_job bigint := nextval('__SCHEMA__.job_id_seq');
+BEGIN
+    job_id := __SCHEMA__.unique_take(p_key, p_period, p_states, v_job);
+    inserted := job_id = v_job;
+    IF inserted THEN
+        PERFORM __SCHEMA__.job_write(v_job, p_queue, p_priority, p_kind, p_args, p_metadata, p_max_attempts,
+            CASE WHEN p_delay IS NOT NULL AND p_delay > 0 THEN now() + make_interval(secs => p_delay)
+                 ELSE p_run_at END);
+    END IF;
+END $function$;
+
+CREATE OR REPLACE FUNCTION __SCHEMA__.job_enqueue_unique_many(p_keys bytea[], p_period double precision, p_states integer, p_queue text, p_priority integer, p_kind text, p_args jsonb[], p_metadata jsonb, p_max_attempts integer)
+ RETURNS TABLE(job_id bigint, inserted boolean)
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $function$
+DECLARE
+    n int := COALESCE(cardinality(p_keys), 0);
+    v_ids bigint[] := '{}';
+    v_new boolean[] := '{}';
+    v_take bigint[] := '{}';
+    v_args jsonb[] := '{}';
+    v_job bigint;
+    v_got bigint;
+    r record;
+    i int;
+BEGIN
+    FOR i IN 1 .. n LOOP
+        v_job := nextval('__SCHEMA__.job_id_seq');
+        v_got := __SCHEMA__.unique_take(p_keys[i], p_period, p_states, v_job);
+        v_ids := v_ids || v_got;
+        v_new := v_new || (v_got = v_job);
+        IF v_got = v_job THEN
+            v_take := v_take || v_job;
+            v_args := v_args || p_args[i];
+        END IF;
+    END LOOP;
+    IF cardinality(v_take) > 0 THEN
+        SELECT * INTO r FROM __SCHEMA__.lane_reserve(p_queue, p_priority, cardinality(v_take), pg_backend_pid());
+        INSERT INTO __SCHEMA__.ready_entries (ready_slot, lane_id, lane_seq, job_id, kind, args, metadata,
+            attempt, max_attempts, lease_base)
+        SELECT r.ready_slot, r.lane_id, r.first_seq + t.n - 1, t.j, p_kind, t.a, p_metadata, 0, p_max_attempts, 0
+        FROM unnest(v_take, v_args) WITH ORDINALITY AS t(j, a, n);
+    END IF;
+    RETURN QUERY SELECT u.j, u.b FROM unnest(v_ids, v_new) WITH ORDINALITY AS u(j, b, o) ORDER BY u.o;
+END $function$;
+
 CREATE OR REPLACE FUNCTION __SCHEMA__.job_load(p_job_id bigint)
  RETURNS jsonb
  LANGUAGE plpgsql
@@ -1440,6 +1543,23 @@ BEGIN
         'errors', r.errors, 'created_at', r.created_at,
         'progress', CASE WHEN v_state = 'cancelled' THEN NULL ELSE COALESCE(v_progress, r.progress) END,
         'result', NULL);
+END $function$;
+
+CREATE OR REPLACE FUNCTION __SCHEMA__.job_write(p_job bigint, p_queue text, p_priority integer, p_kind text, p_args jsonb, p_metadata jsonb, p_max_attempts integer, p_run_at timestamp with time zone)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $function$
+BEGIN
+    IF p_run_at IS NOT NULL AND p_run_at > now() THEN
+        PERFORM __SCHEMA__.queue_ensure_nowait(p_queue);
+        INSERT INTO __SCHEMA__.deferred_jobs (job_id, queue, priority, kind, args, metadata, attempt,
+            max_attempts, lease_base, state, run_at, created_at)
+        VALUES (p_job, p_queue, p_priority, p_kind, p_args, p_metadata, 0, p_max_attempts, 0, 1, p_run_at, now());
+    ELSE
+        PERFORM __SCHEMA__.ready_append(p_queue, p_priority, p_job, p_kind, p_args, p_metadata, 0,
+            p_max_attempts, 0, now(), NULL, NULL);
+    END IF;
 END $function$;
 
 CREATE OR REPLACE FUNCTION __SCHEMA__.lane_claim_limited(p_queue text, p_max integer, p_stripe integer DEFAULT 0, p_stripes integer DEFAULT 1)
@@ -2480,6 +2600,221 @@ BEGIN
                    s, p_role);
     EXECUTE format('ALTER DEFAULT PRIVILEGES IN SCHEMA %s GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO %I',
                    s, p_role);
+END $function$;
+
+CREATE OR REPLACE FUNCTION __SCHEMA__.schedule_fire(p_name text, p_tick timestamp with time zone, p_prev timestamp with time zone, p_coalesced integer, p_cron text, p_timezone text, p_manual boolean DEFAULT false, OUT outcome text, OUT job_id bigint)
+ RETURNS record
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $function$
+DECLARE
+    s __SCHEMA__.schedules%ROWTYPE;
+    v_job bigint;
+    v_holder bigint;
+    v_meta jsonb;
+BEGIN
+    PERFORM pg_advisory_xact_lock(__SCHEMA__.lock_key('schedule'), hashtext(p_name));
+    IF p_tick IS NULL THEN
+        p_tick := now();  -- a manual fire: now
+    END IF;
+    SELECT * INTO s FROM __SCHEMA__.schedules x WHERE x.name = p_name;
+    IF NOT FOUND OR (NOT p_manual AND (NOT s.enabled OR s.paused OR s.cron <> p_cron
+                                       OR s.timezone <> p_timezone)) THEN
+        outcome := 'inactive';
+        RETURN;
+    END IF;
+    IF p_tick > now() THEN
+        outcome := 'not_due';
+        RETURN;
+    END IF;
+    IF NOT p_manual AND (SELECT max(f.tick) FROM __SCHEMA__.schedule_fires f
+                         WHERE f.schedule = p_name AND NOT f.manual) IS DISTINCT FROM p_prev THEN
+        outcome := 'stale';
+        RETURN;
+    END IF;
+    v_job := nextval('__SCHEMA__.job_id_seq');
+    v_meta := COALESCE(s.metadata, '{}'::jsonb)
+        || jsonb_build_object('awa.periodic', s.name, 'awa.tick', p_tick);
+    IF s.unique_key IS NULL THEN
+        INSERT INTO __SCHEMA__.schedule_fires (schedule, tick, prev_tick, coalesced, manual, job_id)
+        VALUES (p_name, p_tick, p_prev, p_coalesced, p_manual, v_job)
+        ON CONFLICT DO NOTHING;
+        IF NOT FOUND THEN
+            outcome := 'duplicate';
+            RETURN;
+        END IF;
+        PERFORM __SCHEMA__.job_write(v_job, s.queue, s.priority, s.kind, s.args, v_meta, s.max_attempts, NULL);
+        outcome := 'fired';
+        job_id := v_job;
+        RETURN;
+    END IF;
+    -- Unique fire: the key first, then the ledger, in a subtransaction so a
+    -- duplicate fire takes back the key it took.
+    BEGIN
+        v_holder := __SCHEMA__.unique_take(s.unique_key, s.unique_period, s.unique_states, v_job);
+        INSERT INTO __SCHEMA__.schedule_fires (schedule, tick, prev_tick, coalesced, manual, job_id, held_by)
+        VALUES (p_name, p_tick, p_prev, p_coalesced, p_manual,
+                CASE WHEN v_holder = v_job THEN v_job END, CASE WHEN v_holder <> v_job THEN v_holder END)
+        ON CONFLICT DO NOTHING;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION USING ERRCODE = 'AF001';
+        END IF;
+    EXCEPTION WHEN SQLSTATE 'AF001' THEN
+        outcome := 'duplicate';
+        RETURN;
+    END;
+    IF v_holder <> v_job THEN
+        outcome := 'held';
+        job_id := v_holder;
+        RETURN;
+    END IF;
+    PERFORM __SCHEMA__.job_write(v_job, s.queue, s.priority, s.kind, s.args, v_meta, s.max_attempts, NULL);
+    outcome := 'fired';
+    job_id := v_job;
+END $function$;
+
+CREATE OR REPLACE FUNCTION __SCHEMA__.schedule_fires_prune(p_keep interval, p_limit integer)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $function$
+DECLARE
+    n int;
+BEGIN
+    DELETE FROM __SCHEMA__.schedule_fires f
+    WHERE (f.schedule, f.tick) IN (
+        SELECT o.schedule, o.tick FROM __SCHEMA__.schedule_fires o
+        WHERE o.fired_at < now() - p_keep
+          AND (o.manual OR o.tick < (SELECT max(m.tick) FROM __SCHEMA__.schedule_fires m
+                                     WHERE m.schedule = o.schedule AND NOT m.manual))
+        ORDER BY o.fired_at LIMIT p_limit);
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END $function$;
+
+CREATE OR REPLACE FUNCTION __SCHEMA__.unique_holds(p_job bigint, p_states integer, p_expires timestamp with time zone, p_exact boolean DEFAULT true)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ STABLE
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $function$
+DECLARE
+    v_state smallint;
+    v_name text;
+BEGIN
+    SELECT d.state INTO v_state FROM __SCHEMA__.done_entries d
+    WHERE d.job_id = p_job ORDER BY d.run_lease DESC LIMIT 1;
+    IF FOUND THEN
+        RETURN (p_states & CASE v_state WHEN 1 THEN 64 WHEN 2 THEN 128 ELSE 256 END) <> 0;
+    END IF;
+    IF EXISTS (SELECT 1 FROM __SCHEMA__.dlq_entries x WHERE x.job_id = p_job) THEN
+        RETURN (p_states & 512) <> 0;
+    END IF;
+    SELECT x.state INTO v_state FROM __SCHEMA__.deferred_jobs x WHERE x.job_id = p_job;
+    IF FOUND THEN
+        RETURN (p_states & CASE v_state WHEN 1 THEN 1 WHEN 2 THEN 8 ELSE 32 END) <> 0;
+    END IF;
+    IF EXISTS (SELECT 1 FROM __SCHEMA__.leases l WHERE l.job_id = p_job) THEN
+        RETURN (p_states & 16) <> 0;
+    END IF;
+    -- The sweep (p_exact false) keeps a key whose holder is still in the
+    -- ready ring when both available and running hold: never a live key
+    -- deleted, at worst a stale one kept until its ready slot is pruned.
+    IF NOT p_exact AND (p_states & 6) = 6
+       AND EXISTS (SELECT 1 FROM __SCHEMA__.ready_entries e WHERE e.job_id = p_job) THEN
+        RETURN true;
+    END IF;
+    v_name := __SCHEMA__.job_load(p_job) ->> 'state';
+    IF v_name IS NULL THEN
+        RETURN p_expires IS NOT NULL AND p_expires > now() AND (p_states & (64 | 128 | 256 | 512)) <> 0;
+    END IF;
+    RETURN (p_states & __SCHEMA__.unique_state_bit(v_name)) <> 0;
+END $function$;
+
+CREATE OR REPLACE FUNCTION __SCHEMA__.unique_state_bit(p_state text)
+ RETURNS integer
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    SELECT CASE p_state
+        WHEN 'scheduled' THEN 1 WHEN 'available' THEN 2 WHEN 'running' THEN 4 WHEN 'retryable' THEN 8
+        WHEN 'waiting_external' THEN 16 WHEN 'snoozed' THEN 32 WHEN 'completed' THEN 64
+        WHEN 'failed' THEN 128 WHEN 'cancelled' THEN 256 WHEN 'dlq' THEN 512 ELSE 0 END
+$function$;
+
+CREATE OR REPLACE FUNCTION __SCHEMA__.unique_sweep(p_after_key bytea, p_after_bucket bigint, p_limit integer, OUT swept integer, OUT scanned integer, OUT last_key bytea, OUT last_bucket bigint)
+ RETURNS record
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $function$
+DECLARE
+    v_keys bytea[];
+    v_buckets bigint[];
+BEGIN
+    SELECT array_agg(b.key ORDER BY b.key, b.bucket), array_agg(b.bucket ORDER BY b.key, b.bucket), count(*)
+    INTO v_keys, v_buckets, scanned
+    FROM (SELECT u.key, u.bucket FROM __SCHEMA__.unique_keys u
+          WHERE p_after_key IS NULL OR (u.key, u.bucket) > (p_after_key, p_after_bucket)
+          ORDER BY u.key, u.bucket LIMIT p_limit
+          FOR UPDATE SKIP LOCKED) b;
+    IF scanned = 0 THEN
+        swept := 0;
+        RETURN;
+    END IF;
+    last_key := v_keys[scanned];
+    last_bucket := v_buckets[scanned];
+    DELETE FROM __SCHEMA__.unique_keys u USING unnest(v_keys, v_buckets) AS x(k, b)
+    WHERE u.key = x.k AND u.bucket = x.b
+      AND ((u.expires_at IS NOT NULL AND u.expires_at <= now())
+           OR EXISTS (SELECT 1 FROM __SCHEMA__.done_entries d WHERE d.job_id = u.job_id
+                      AND (u.states & CASE d.state WHEN 1 THEN 64 WHEN 2 THEN 128 ELSE 256 END) = 0)
+           OR EXISTS (SELECT 1 FROM __SCHEMA__.dlq_entries q WHERE q.job_id = u.job_id AND (u.states & 512) = 0)
+           OR (NOT EXISTS (SELECT 1 FROM __SCHEMA__.done_entries d WHERE d.job_id = u.job_id)
+               AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.dlq_entries q WHERE q.job_id = u.job_id)
+               AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.deferred_jobs f WHERE f.job_id = u.job_id)
+               AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.leases l WHERE l.job_id = u.job_id)
+               AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.ready_entries e WHERE e.job_id = u.job_id)
+               AND NOT ((u.states & (64 | 128 | 256 | 512)) <> 0 AND COALESCE(u.expires_at > now(), false)))
+           OR ((u.states & 63) <> 63 AND NOT __SCHEMA__.unique_holds(u.job_id, u.states, u.expires_at, false)));
+    GET DIAGNOSTICS swept = ROW_COUNT;
+    IF scanned < p_limit THEN
+        last_key := NULL;
+        last_bucket := NULL;
+    END IF;
+END $function$;
+
+CREATE OR REPLACE FUNCTION __SCHEMA__.unique_take(p_key bytea, p_period double precision, p_states integer, p_job bigint)
+ RETURNS bigint
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $function$
+DECLARE
+    v_bucket bigint := 0;
+    v_expires timestamptz;
+    k record;
+BEGIN
+    IF p_period IS NOT NULL THEN
+        v_bucket := floor(extract(epoch FROM now()) / p_period)::bigint;
+        v_expires := to_timestamp((v_bucket + 1) * p_period);
+    END IF;
+    LOOP
+        INSERT INTO __SCHEMA__.unique_keys (key, bucket, job_id, states, expires_at)
+        VALUES (p_key, v_bucket, p_job, p_states, v_expires)
+        ON CONFLICT DO NOTHING;
+        IF FOUND THEN
+            RETURN p_job;
+        END IF;
+        SELECT u.job_id, u.states, u.expires_at INTO k FROM __SCHEMA__.unique_keys u
+        WHERE u.key = p_key AND u.bucket = v_bucket FOR UPDATE;
+        CONTINUE WHEN NOT FOUND;  -- swept between the two statements: insert again
+        IF __SCHEMA__.unique_holds(k.job_id, k.states, k.expires_at) THEN
+            RETURN k.job_id;
+        END IF;
+        UPDATE __SCHEMA__.unique_keys u SET job_id = p_job, states = p_states, expires_at = v_expires,
+            created_at = now()
+        WHERE u.key = p_key AND u.bucket = v_bucket;
+        RETURN p_job;
+    END LOOP;
 END $function$;
 
 

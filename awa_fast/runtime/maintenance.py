@@ -23,6 +23,7 @@ from typing import Any
 
 import psycopg
 
+from awa_fast import periodic as _periodic
 from awa_fast.errors import DatabaseUnavailable
 from awa_fast.storage import Storage, close_quietly, connect
 from awa_fast.storage.schema import render
@@ -238,6 +239,7 @@ class Maintenance:
                 self.prune_once(ring)
         if due("dlq", cfg.dlq_retention_interval):
             self.dlq_retention_once()
+        _periodic.leader_step(self.storage, self._lead_conn())  # periodic fires, fire-ledger prune, unique-key sweep
         if self._publish is not None:
             self._publish(self.snapshot())
 

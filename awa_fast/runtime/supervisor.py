@@ -26,6 +26,7 @@ import multiprocess
 
 from awa_fast.client import validate_name
 from awa_fast.errors import AwaFastError, ConfigError, DatabaseUnavailable
+from awa_fast.periodic import sync_app_schedules
 from awa_fast.runtime.claimer import ClaimerConfig, claimer_main
 from awa_fast.runtime.maintenance import MaintenanceConfig, maintenance_main
 from awa_fast.storage import Storage, connect
@@ -207,6 +208,7 @@ class Supervisor:
                                   "(jobs stranded or enqueued twice): set wal_level=replica and restart PostgreSQL")
             for q in self.config.queues:
                 storage.queue_ensure(conn, q.name)
+            sync_app_schedules(conn, storage, self.config.app_ref)  # declared periodic jobs -> schedules
         finally:
             conn.close()
 

@@ -898,6 +898,119 @@ class Storage:
         """Async twin of :meth:`queue_limit_status`."""
         cur = await conn.execute(self.q["queue_limit_status"])
         return _limit_status(await cur.fetchall())
+    # -- periodic and unique jobs (migration 0005; awa_fast/periodic.py, awa_fast/unique.py) --
+
+    def job_enqueue_unique(self, conn: psycopg.Connection, key: bytes, period: float | None, states: int,
+                           queue: str, priority: int, kind: str, args: RawJson, metadata: RawJson | None,
+                           max_attempts: int, run_at: _dt.datetime | None = None,
+                           delay: float | None = None) -> tuple[int, bool]:
+        """Enqueue one unique job: ``(job_id, True)``, or ``(holder_id, False)`` with nothing written."""
+        row = conn.execute(self.q["job_enqueue_unique"], (key, period, states, queue, priority, kind, args,
+                                                          metadata, max_attempts, run_at, delay)).fetchone()
+        assert row is not None
+        return int(row[0]), bool(row[1])
+
+    async def job_enqueue_unique_async(self, conn: psycopg.AsyncConnection, key: bytes, period: float | None,
+                                       states: int, queue: str, priority: int, kind: str, args: RawJson,
+                                       metadata: RawJson | None, max_attempts: int,
+                                       run_at: _dt.datetime | None = None,
+                                       delay: float | None = None) -> tuple[int, bool]:
+        """Async twin of :meth:`job_enqueue_unique`."""
+        cur = await conn.execute(self.q["job_enqueue_unique"], (key, period, states, queue, priority, kind, args,
+                                                                metadata, max_attempts, run_at, delay))
+        row = await cur.fetchone()
+        assert row is not None
+        return int(row[0]), bool(row[1])
+
+    def job_enqueue_unique_many(self, conn: psycopg.Connection, keys: Sequence[bytes], period: float | None,
+                                states: int, queue: str, priority: int, kind: str, args: Sequence[RawJson],
+                                metadata: RawJson | None, max_attempts: int) -> list[tuple[int, bool]]:
+        """Enqueue unique jobs with distinct keys in one statement: ``(job_id, inserted)`` per row."""
+        if not keys:
+            return []
+        rows = conn.execute(self.q["job_enqueue_unique_many"], (
+            list(keys), period, states, queue, priority, kind, list(args), metadata, max_attempts)).fetchall()
+        return [(int(j), bool(i)) for j, i in rows]
+
+    async def job_enqueue_unique_many_async(self, conn: psycopg.AsyncConnection, keys: Sequence[bytes],
+                                            period: float | None, states: int, queue: str, priority: int,
+                                            kind: str, args: Sequence[RawJson], metadata: RawJson | None,
+                                            max_attempts: int) -> list[tuple[int, bool]]:
+        """Async twin of :meth:`job_enqueue_unique_many`."""
+        if not keys:
+            return []
+        cur = await conn.execute(self.q["job_enqueue_unique_many"], (
+            list(keys), period, states, queue, priority, kind, list(args), metadata, max_attempts))
+        return [(int(j), bool(i)) for j, i in await cur.fetchall()]
+
+    def unique_sweep(self, conn: psycopg.Connection, after: tuple[bytes, int] | None,
+                     limit: int = 1000) -> tuple[int, int, tuple[bytes, int] | None]:
+        """One batch of the stale unique-key sweep: ``(swept, scanned, next position or None at the end)``."""
+        row = conn.execute(self.q["unique_sweep"], (after[0] if after else None, after[1] if after else None,
+                                                    limit)).fetchone()
+        assert row is not None
+        pos = (bytes(row[2]), int(row[3])) if row[2] is not None else None
+        return int(row[0] or 0), int(row[1] or 0), pos
+
+    def unique_key_holder(self, conn: psycopg.Connection, key: bytes) -> int | None:
+        """The job recorded as holding ``key`` (newest bucket), whatever its state; None if no row."""
+        row = conn.execute(self.q["unique_key_holder"], (key,)).fetchone()
+        return None if row is None else int(row[0])
+
+    def schedule_upsert(self, conn: psycopg.Connection, row: dict[str, Any]) -> str:
+        """Insert or update a declared schedule: ``created``, ``updated`` or ``unchanged``."""
+        got = conn.execute(self.q["schedule_upsert"], row).fetchone()
+        if got is None:
+            return "unchanged"
+        return "created" if got[0] else "updated"
+
+    def schedule_disable_missing(self, conn: psycopg.Connection, source: str, names: Sequence[str]) -> list[str]:
+        """Disable the schedules of ``source`` not in ``names``; returns the names disabled."""
+        return [str(r[0]) for r in conn.execute(self.q["schedule_disable_missing"], (source, list(names)))]
+
+    def schedule_due_list(self, conn: psycopg.Connection) -> tuple[_dt.datetime | None, list[tuple[Any, ...]]]:
+        """The database clock and ``(name, cron, timezone, missed, cap, anchor_at, last_tick)`` per active schedule."""
+        rows = conn.execute(self.q["schedule_due_list"]).fetchall()
+        if not rows:
+            return None, []
+        return rows[0][0], [tuple(r[1:]) for r in rows]
+
+    def db_now(self, conn: psycopg.Connection) -> _dt.datetime:
+        """The database clock."""
+        row = conn.execute(self.q["db_now"]).fetchone()
+        assert row is not None
+        return row[0]
+
+    def schedule_fire(self, conn: psycopg.Connection, name: str, tick: _dt.datetime | None,
+                      prev: _dt.datetime | None, coalesced: int, cron: str, timezone: str,
+                      manual: bool = False) -> tuple[str, int | None]:
+        """Fire one tick of a schedule in the current transaction: ``(outcome, job_id)``."""
+        row = conn.execute(self.q["schedule_fire"], (name, tick, prev, coalesced, cron, timezone,
+                                                     manual)).fetchone()
+        assert row is not None
+        return str(row[0]), None if row[1] is None else int(row[1])
+
+    def schedule_list(self, conn: psycopg.Connection) -> tuple[_dt.datetime | None, list[dict[str, Any]]]:
+        """The database clock and every schedule with its newest fire."""
+        keys = ("name", "cron", "timezone", "kind", "queue", "missed", "enabled", "paused", "source",
+                "anchor_at", "last_tick", "last_fired_at")
+        rows = conn.execute(self.q["schedule_list"]).fetchall()
+        if not rows:
+            return self.db_now(conn), []
+        return rows[0][0], [dict(zip(keys, r[1:])) for r in rows]
+
+    def schedule_pause(self, conn: psycopg.Connection, name: str, paused: bool = True) -> bool:
+        """Pause (or resume) a schedule; False if it is unknown."""
+        return conn.execute(self.q["schedule_pause"], {"name": name, "paused": paused}).rowcount > 0
+
+    def schedule_fires_list(self, conn: psycopg.Connection, name: str) -> list[dict[str, Any]]:
+        """The fire ledger of one schedule, oldest first."""
+        keys = ("tick", "prev_tick", "coalesced", "manual", "job_id", "held_by", "fired_at")
+        return [dict(zip(keys, r)) for r in conn.execute(self.q["schedule_fires_list"], (name,))]
+
+    def schedule_fires_prune(self, conn: psycopg.Connection, keep_s: float, limit: int = 1000) -> int:
+        """Delete fires older than ``keep_s`` seconds (one batch); returns how many."""
+        return self._scalar_int(conn, "schedule_fires_prune", (keep_s, limit))
 
 
 # -- statement descriptions of the public API's block (see Storage._run) -------------

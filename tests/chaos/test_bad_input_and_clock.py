@@ -126,11 +126,20 @@ def test_no_time_comparison_uses_a_client_supplied_time():
     params = _function_params(sql_dir)
     timed = {name: p for name, p in params.items() if re.search(r"timestamp|interval|\bdate\b|\btime\b", p, re.I)}
     # the only timestamps a function takes: a job's run_at (when the user wants it to run, compared
-    # with now()) and a job's created_at copied from an earlier row by ready_append (never compared)
-    assert set(timed) <= {"job_enqueue", "ready_append"}, timed
+    # with now()), also through the unique enqueue (job_enqueue_unique -> job_write); a job's
+    # created_at copied from an earlier row by ready_append (never compared); and a periodic
+    # schedule's tick and previous tick (schedule_fire): ledger keys the evaluator computed from
+    # the cron expression and the database clock it read (schedule_due_list's now()), compared
+    # with now() only to refuse a tick that is not due yet; a unique key's stored expires_at
+    # (unique_holds, read from the key row) and the fire ledger's retention interval
+    # (schedule_fires_prune: now() - keep), neither of them a clock reading
+    assert set(timed) <= {"job_enqueue", "ready_append", "job_enqueue_unique", "job_write", "schedule_fire",
+                          "unique_holds", "schedule_fires_prune"}, timed
     queries = (sql_dir / "queries.sql").read_text()
-    client_times = re.findall(r"^(?!--).*%s::(?:timestamptz|timestamp|interval|date)\b.*$", queries, re.M)
-    assert len(client_times) == 1 and "job_enqueue(" in client_times[0], client_times
+    timed_queries = {name for name, body in re.findall(r"^-- name: (\w+)\n(.*?)(?=^-- name:|\Z)", queries,
+                                                         re.M | re.S)
+                     if re.search(r"%s::(?:timestamptz|timestamp|interval|date)\b", body)}
+    assert timed_queries == {"job_enqueue", "job_enqueue_unique", "schedule_fire"}, timed_queries
     assert "ready_append" not in queries  # only ever called from SQL with stored values
     # rescue, deadlines, heartbeats, callbacks and retention compare against now() only
     body = (sql_dir / "0002_storage_functions.sql").read_text()
