@@ -56,3 +56,6 @@ def test_readme_block_runs_as_written(index, pg_dsn, schema, tmp_path):
             c.close()
         assert counts["email"] == {"available": 1, "scheduled": 1}, counts  # the retried one is due now
         assert counts["media"] == {"available": 10_000, "cancelled": 1}, counts
+    if index == 1:
+        # periodic, unique, limits and the in-process worker, as the block's comments say
+        assert res.stdout.splitlines() == ["already queued: True", "1 {'rows': 42}"], res.stdout
