@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import math
 import os
 import threading
 import time
@@ -25,6 +26,7 @@ from typing import Any, Literal, TypeVar, overload
 import psycopg
 
 from awa_fast.client import (
+    MAX_DELAY_S,
     PRIORITY_DEFAULT,
     Client,
     encode_payload,
@@ -91,6 +93,16 @@ def check_dsn(dsn: str) -> None:
 def resolve_schema(explicit: str | None = None) -> str:
     """The schema: explicit (``--schema``, ``App(schema=...)``), then ``AWA_FAST_SCHEMA``, then ``awa_fast``."""
     return explicit or os.environ.get("AWA_FAST_SCHEMA") or DEFAULT_SCHEMA
+
+
+def _validate_timeout(value: object) -> float | None:
+    """A handler timeout: None, or finite seconds > 0 and at most ten years."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not 0 < value <= MAX_DELAY_S:
+        raise OutOfRange("timeout", value, "more than 0", f"{int(MAX_DELAY_S)} seconds (or None: no timeout)")
+    return float(value)
 
 
 def _job_id(value: object, what: str = "job_id") -> int:
@@ -267,15 +279,19 @@ class App(Client):
 
     def job(self, kind: str, *, queue: str | None = None, priority: int = PRIORITY_DEFAULT,
             max_attempts: int = 25, args_type: type | None = None,
-            unique: Unique | bool | None = None) -> Callable[[F], F]:
+            unique: Unique | bool | None = None, timeout: float | None = None) -> Callable[[F], F]:
         """Register ``def handler(job)`` or ``async def handler(job)`` for ``kind``.
 
         ``queue`` defaults to the app's ``default_queue`` (else ``default``).
         ``args_type`` (a ``msgspec.Struct`` or dataclass) makes ``job.args``
         a typed object; type the handler as ``awa_fast.Job[ArgsType]``.
         ``unique=awa_fast.Unique(...)`` makes every enqueue of the kind unique by default.
+        ``timeout`` (seconds, finite, > 0, at most 10 years; None: none) bounds one attempt,
+        counted from the handler's start: when it passes the attempt closes as a retry
+        ("timed out after N s"), see ``docs/handlers.md``.
         """
         validate_name("kind", kind)
+        timeout = _validate_timeout(timeout)
         q = validate_name("queue", queue if queue is not None else self.default_queue)
         validate_priority(priority)
         validate_max_attempts(max_attempts)
@@ -285,7 +301,7 @@ class App(Client):
             if kind in self.registry:
                 raise ConfigError(f"kind {kind!r} is registered twice; each kind has one handler")
             self.registry[kind] = JobSpec(kind, fn, q, priority, max_attempts,
-                                          inspect.iscoroutinefunction(fn), args_type)
+                                          inspect.iscoroutinefunction(fn), args_type, timeout)
             return fn
 
         return register

@@ -308,3 +308,6 @@ class JobSpec:
     max_attempts: int
     is_async: bool
     args_type: type | None
+    # seconds one attempt may run, from the handler's start; None: no timeout (the claimer
+    # then pays nothing for it: only attempts of kinds with a timeout are watched)
+    timeout: float | None = None

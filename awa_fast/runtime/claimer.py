@@ -13,7 +13,11 @@ Whatever a handler raises, ``BaseException`` included (``SystemExit``,
 attempt closes as a retry naming the exception, and outcomes a worker had
 already produced are always handed on. A worker thread or the event loop
 thread that dies anyway stops the claimer loudly (exit code 1): the
-supervisor restarts it and its open attempts are rescued. See
+supervisor restarts it and its open attempts are rescued. A handler's
+exception is logged and stored with the tail of its traceback; args that do
+not decode into the kind's ``args_type`` fail the job at once. A kind with a
+``timeout`` has its running attempts watched on the heartbeat tick: past it,
+the attempt closes as a retry and the handler's later outcome is dropped. See
 ``docs/handlers.md``.
 """
 
@@ -25,10 +29,12 @@ import os
 import queue
 import threading
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import psycopg
 
 from awa_fast.errors import DatabaseUnavailable, TerminalError
@@ -52,6 +58,7 @@ from awa_fast.storage import (
 log = logging.getLogger("awa_fast.claimer")
 
 _MAX_ERROR = 8192
+_MAX_TRACEBACK = 4096  # the tail of a handler's traceback stored with its error (within _MAX_ERROR)
 
 _OUTCOME_NAMES = {CLOSE_RETRY: "retried", CLOSE_SNOOZE: "snoozed", CLOSE_CANCEL: "cancelled", CLOSE_FAIL: "failed"}
 
@@ -119,6 +126,28 @@ def error_text(exc: BaseException | str) -> str:
     return clean_text(text, _MAX_ERROR) or ""
 
 
+def failure_text(exc: BaseException) -> str:
+    """A handler's exception as stored with its attempt: ``error_text(exc)``, then the last
+    4 KiB of its traceback, at most 8 KiB in all (the first line stays the ``Name: detail``)."""
+    head = error_text(exc)
+    try:
+        tb = "".join(traceback.format_exception(exc))
+    except BaseException:  # noqa: BLE001 - a traceback that cannot be formatted: the summary alone
+        return head
+    if len(tb) > _MAX_TRACEBACK:
+        tb = "..." + tb[-_MAX_TRACEBACK:]
+    return clean_text(f"{head[:_MAX_ERROR - _MAX_TRACEBACK - 8]}\n{tb.rstrip()}", _MAX_ERROR) or head
+
+
+def _one_line(text: str, limit: int = 1000) -> str:
+    first = text.split("\n", 1)[0]
+    return first if len(first) <= limit else first[:limit] + "..."
+
+
+def timeout_text(timeout: float) -> str:
+    return f"timed out after {timeout:g} s"
+
+
 def _unknown_kind_text(kind: str) -> str:
     return f"no handler registered for kind {kind!r} in this worker"
 
@@ -168,6 +197,14 @@ class Claimer:
         self._abandoned: set[tuple[int, int]] = set()
         self._abandoned_lock = threading.Lock()
         self._unknown_logged: set[str] = set()
+        # Attempts of kinds with a timeout whose handler runs: key -> [deadline (monotonic), job,
+        # timeout, fired]. Only those kinds ever enter it, so others pay nothing for timeouts. The
+        # heartbeat thread's watchdog fires expired ones; an entry stays (fired) until its handler
+        # returns, so the handler's late outcome is dropped: one outcome per claimed attempt.
+        self._timed: dict[tuple[int, int], list[Any]] = {}
+        self._timed_lock = threading.Lock()
+        self._timeouts_closed = False  # set (under the lock) before the drain stops the batcher
+        self._timed_out_sync = 0  # fired sync attempts whose handler still runs (in the abandoned gauge)
         self._claim_started: float | None = None
         self._ping_started: float | None = None
         self._work: queue.SimpleQueue[list[Job] | None] = queue.SimpleQueue()
@@ -436,12 +473,12 @@ class Claimer:
         if spec is None:
             return (CLOSE_RETRY, None, _unknown_kind_text(job.kind))
         job.started_at = time.time()
+        if spec.timeout is not None:
+            self._arm_timeout(job, spec.timeout)
         try:
             return self._outcome(job, spec.handler(job))
-        except TerminalError as exc:
-            return (CLOSE_FAIL, None, error_text(exc))
         except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt, ... retry like any failure
-            return (CLOSE_RETRY, None, error_text(exc))
+            return self._failed(job, spec, exc)
 
     def _run_loop(self) -> None:
         """The event loop thread: a loop that stops or dies while the claimer runs stops the claimer."""
@@ -477,12 +514,51 @@ class Claimer:
     async def _run_async_handler(self, job: Job) -> Outcome | object:
         spec = self.registry[job.kind]
         job.started_at = time.time()
+        if spec.timeout is not None:
+            self._arm_timeout(job, spec.timeout)
         try:
             return self._outcome(job, await spec.handler(job))
-        except TerminalError as exc:
-            return (CLOSE_FAIL, None, error_text(exc))
         except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt, CancelledError, ...
-            return self._interrupted(job, exc)
+            if isinstance(exc, asyncio.CancelledError) and job._cancelled:  # noqa: SLF001 - we cancelled it
+                return self._interrupted(job, exc)
+            return self._failed(job, spec, exc)
+
+    def _failed(self, job: Job, spec: JobSpec, exc: BaseException) -> Outcome:
+        """The outcome of a handler that raised ``exc``, logged (WARNING, the traceback at DEBUG).
+
+        ``TerminalError`` fails the job (DLQ); so does job args that do not decode into the
+        kind's ``args_type`` (retrying cannot fix them). Anything else retries. The stored
+        error carries the tail of the traceback.
+        """
+        code = CLOSE_RETRY
+        text = None
+        if isinstance(exc, TerminalError):
+            code = CLOSE_FAIL
+        elif isinstance(exc, msgspec.ValidationError) and spec.args_type is not None and self._bad_args(job):
+            code = CLOSE_FAIL
+            text = error_text(f"job args do not match args_type {getattr(spec.args_type, '__name__', spec.args_type)}"
+                              f": {error_text(exc)}")
+        if text is None:
+            text = failure_text(exc)
+        if not job.is_abandoned():  # a rescued or timed-out attempt's failure is written by no one
+            log.warning("job %d (kind %r, attempt %d) %s: %s", job.id, job.kind, job.attempt,
+                        "failed for good" if code == CLOSE_FAIL else "failed", _one_line(text),
+                        extra={"action": "handler_error"})
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("traceback of job %d (attempt %d)", job.id, job.attempt, exc_info=exc,
+                          extra={"action": "handler_traceback"})
+        return (code, None, text)
+
+    @staticmethod
+    def _bad_args(job: Job) -> bool:
+        """True if the job's args do not decode into its kind's args_type (the failure path only)."""
+        try:
+            job.args  # noqa: B018 - decodes again: a failed decode is not cached
+        except msgspec.ValidationError:
+            return True
+        except Exception:  # noqa: BLE001
+            return False
+        return False
 
     def _interrupted(self, job: Job, exc: BaseException) -> Outcome | object:
         """The outcome of an attempt whose handler raised ``exc`` (anything but TerminalError).
@@ -496,7 +572,7 @@ class Claimer:
                 return STALE
             if job._cancelled:  # noqa: SLF001
                 return (CLOSE_CANCEL, None, "cancelled while running (cancel requested)")
-        return (CLOSE_RETRY, None, error_text(exc))
+        return (CLOSE_RETRY, None, failure_text(exc))
 
     def _outcome(self, job: Job, result: object) -> Outcome:
         if result is None:
@@ -530,13 +606,92 @@ class Claimer:
                 self.held.pop(key, None)
                 self.claimed_at.pop(key, None)
                 done[i] = (job, RELEASE)
+        n = len(done)
+        if self._timed:
+            done = self._disarm(done)
         if self._abandoned:
             self._abandoned_returned(done)
-        self.batcher.submit_many(done)  # type: ignore[arg-type]
+        if done:
+            self.batcher.submit_many(done)  # type: ignore[arg-type]
         with self._count_lock:
-            self._outstanding -= len(done)
+            self._outstanding -= n  # a timed-out attempt's capacity is freed here, once, when its handler ends
         if self._backlog_maybe and not self._wake.is_set() and self._outstanding <= self.config.concurrency:
             self._wake.set()
+
+    # -- handler timeouts ----------------------------------------------------------------
+
+    def _arm_timeout(self, job: Job, timeout: float) -> None:
+        with self._timed_lock:
+            self._timed[(job.id, job.run_lease)] = [time.monotonic() + timeout, job, timeout, False]
+
+    def _disarm(self, done: list[tuple[Job, Outcome | object]]) -> list[tuple[Job, Outcome | object]]:
+        """Take finished attempts out of the timeout watch; drop the outcome of one already timed out.
+
+        Under the lock, so an attempt's outcome is either its handler's (the watchdog has not
+        fired: its entry is gone before it looks) or the timeout's retry (submitted when it fired):
+        never both, never neither.
+        """
+        keep = []
+        late_sync = 0
+        with self._timed_lock:
+            for item in done:
+                job = item[0]
+                entry = self._timed.pop((job.id, job.run_lease), None)
+                if entry is not None and entry[3]:
+                    if not self._is_async(job):
+                        late_sync += 1
+                    continue
+                keep.append(item)
+            self._timed_out_sync -= late_sync
+        dropped = len(done) - len(keep)
+        if dropped:
+            self._count("stale", dropped)
+            if late_sync:
+                log.info("%d timed-out sync handler(s) returned late: outcome discarded", late_sync,
+                         extra={"action": "timeout_late_return"})
+                self._publish_abandoned()
+        return keep
+
+    def _check_timeouts(self) -> None:
+        """Close attempts past their kind's timeout (on the heartbeat thread, every tick).
+
+        Looks only at attempts of kinds with a timeout. Each expired one is marked fired under
+        the lock (its handler's outcome will be dropped), told (``job.is_cancelled()``), closed
+        as a retry through the batcher, and an async handler's task is cancelled; a sync handler
+        runs on until it returns, counted as abandoned.
+        """
+        now = time.monotonic()
+        fired = []
+        with self._timed_lock:
+            if self._timeouts_closed:  # draining, the batcher stops: rescue takes what is left
+                return
+            for entry in self._timed.values():
+                if not entry[3] and now >= entry[0]:
+                    job = entry[1]
+                    if job.is_abandoned():  # rescued or closed elsewhere first: its outcome is stale anyway
+                        continue
+                    entry[3] = True
+                    fired.append(entry)
+                    if not self._is_async(job):
+                        self._timed_out_sync += 1
+            if not fired:
+                return
+            for _, job, _, _ in fired:
+                job._stale = True  # noqa: SLF001 - whatever the handler returns now is discarded
+                job._cancelled = True  # noqa: SLF001
+            out = [(job, (CLOSE_RETRY, None, timeout_text(timeout))) for _, job, timeout, _ in fired]
+            # submitted under the lock: the drain cannot stop the batcher between fire and submit
+            self.batcher.submit_many(out)  # type: ignore[arg-type]
+        for _, job, timeout, _ in fired:
+            kind = "async" if self._is_async(job) else "sync"
+            log.warning("job %d (kind %r, attempt %d) timed out after %g s: closed as a retry; its %s handler %s",
+                        job.id, job.kind, job.attempt, timeout, kind,
+                        "is cancelled" if kind == "async" else "cannot be stopped and is abandoned",
+                        extra={"action": "handler_timeout"})
+        for job, _ in out:
+            if self._is_async(job):
+                self._cancel_task(job)
+        self._publish_abandoned()
 
     # -- attempts closed elsewhere while running -------------------------------------
 
@@ -602,7 +757,7 @@ class Claimer:
 
     def _publish_abandoned(self) -> None:
         if self.shm is not None:
-            self.shm.set_abandoned(len(self._abandoned))
+            self.shm.set_abandoned(len(self._abandoned) + self._timed_out_sync)
 
     def _thread_died(self, what: str, exc: BaseException) -> None:
         """A thread the claimer cannot run without died: stop claiming and exit non-zero."""
@@ -744,7 +899,10 @@ class Claimer:
     # -- hang detection and batcher death ------------------------------------------------
 
     def _watchdog(self) -> None:
-        """Shut down the socket of a claim, flush or LISTEN ping that hangs (half-open peer)."""
+        """Shut down the socket of a claim, flush or LISTEN ping that hangs (half-open peer);
+        close attempts past their kind's timeout."""
+        if self._timed:
+            self._check_timeouts()
         now = time.monotonic()
         limit = self.config.io_timeout
         checks = [(self._claim_started, self._claim_conn, "claim", limit),
@@ -790,6 +948,8 @@ class Claimer:
                 time.sleep(0.01)
             clean = clean and self._outstanding == 0
             self._loop.call_soon_threadsafe(self._loop.stop)
+        with self._timed_lock:
+            self._timeouts_closed = True
         flushed = self.batcher.stop(max(1.0, deadline - time.monotonic()))
         self.heartbeat.stop()
         self._close_claim_conn()
