@@ -10,6 +10,9 @@ a job really ran (stale attempts, re-execution).
 
 Handler behaviour comes from the job args:
 ``{"sleep": s}`` sleeps s seconds (default 0);
+``{"hold": path}`` blocks until the file ``path`` exists (a gate the test
+opens once it has seen what it waits for; at most 120 s, so a test that
+fails before opening it cannot hang a worker);
 ``{"mode": "raise_nul"}`` raises an error whose text carries NUL bytes and
 a lone surrogate; ``"raise_big"`` raises with a 5 MB message;
 ``"terminal_nul"`` raises ``TerminalError`` with NUL bytes;
@@ -75,9 +78,17 @@ def work(job):  # noqa: ANN001, ANN201
         delay = float(args.get("sleep", 0) or 0)
         if delay:
             time.sleep(delay)
+        if args.get("hold"):
+            _hold(str(args["hold"]))
         return _behave(job)
     finally:
         _log("end", job)
+
+
+def _hold(path: str, limit: float = 120.0) -> None:
+    end = time.monotonic() + limit
+    while not os.path.exists(path) and time.monotonic() < end:
+        time.sleep(0.01)
 
 
 @app.job("chaos.async", queue="q", max_attempts=25)

@@ -151,8 +151,18 @@ def test_no_time_comparison_uses_a_client_supplied_time():
 
 
 def test_odd_timezones_delays_and_deadline_rescue(pg, obs, tmp_path):
-    """TZ=+14h for the processes, PGTZ=-3:30 for their sessions: delays, deadlines and rescue still hold."""
-    schema = new_schema(pg.dsn, "tz", deadline=1.0)
+    """TZ=+14h for the processes, PGTZ=-3:30 for their sessions: delays, deadlines and rescue still hold.
+
+    The job that must be rescued holds on a gate the test opens only once its
+    DLQ record exists, so it outlasts its deadline however slow the machine:
+    it cannot complete first. The deadline (3 s) is above the heartbeat
+    timeout (2 s), so the 1 ms jobs are no nearer a rescue than in any other
+    scenario; each rescue is checked to come at least a deadline after its
+    claim on the database clock (a time zone mix-up would be hours off).
+    """
+    deadline = 3.0
+    schema = new_schema(pg.dsn, "tz", deadline=deadline)
+    gate = tmp_path / "release-the-slow-job"
     try:
         n = 100
         enqueue_many(pg.dsn, schema, n, {"sleep": 0.001})
@@ -161,13 +171,16 @@ def test_odd_timezones_delays_and_deadline_rescue(pg, obs, tmp_path):
             delayed = [enqueue_one(c, schema, {"d": i}, delay=1.5) for i in range(3)]
             at = dt.datetime.now(dt.timezone(dt.timedelta(hours=-9, minutes=-30))) + dt.timedelta(seconds=1.5)
             delayed += [enqueue_one(c, schema, {"run_at": 1}, run_at=at)]
-            # runs past its 1 s deadline twice: rescued twice, then DLQ (max_attempts=2)
-            slow = enqueue_one(c, schema, {"sleep": 2.0}, max_attempts=2)
+            # held past its deadline twice: rescued twice, then DLQ (max_attempts=2)
+            slow = enqueue_one(c, schema, {"hold": str(gate)}, max_attempts=2)
         env = {"TZ": "Pacific/Kiritimati", "PGTZ": "America/St_Johns"}
         sup = Supervise(pg.dsn, schema, tmp_path, stripes=2, concurrency=4, extra_env=env)
         total = n + len(delayed) + 1
         with supervisors(sup.start()):
-            wait_terminal(obs, schema, total, 30)
+            try:
+                wait_terminal(obs, schema, total, 60)
+            finally:
+                gate.touch()  # the held handlers return; their outcomes are stale by now
             assert sup.stop() == 0, sup.log()[-3000:]
         figures = check_invariants(obs, schema, Expect(total, {"completed": total - 1, "dlq": 1}), sup.exec_log,
                                    sup.stale_rejected(), supervisors_stopped=True)
@@ -183,6 +196,14 @@ def test_odd_timezones_delays_and_deadline_rescue(pg, obs, tmp_path):
                                 (slow,))
         assert "deadline exceeded" in reason and attempt == 2, (reason, attempt)
         assert figures["rescued_attempts"] == 2 and figures["executions_of_rescued_attempts"] == 2, figures
-        record_figures("odd_timezones", **figures)
+        # each rescue came a deadline after its claim (database clock; the audit stamps the claim a few
+        # ms after the claim's own now(), from which deadline_at counts: hence the 0.2 s)
+        waited = q(obs, f"""SELECT x.run_lease, extract(epoch FROM x.at - c.at)::float8
+                            FROM "{schema}_audit".closures x JOIN "{schema}_audit".claims c
+                              ON c.job_id = x.job_id AND c.run_lease = x.run_lease
+                            WHERE x.job_id = %s AND x.outcome = 7 ORDER BY 1""", (slow,))
+        assert len(waited) == 2 and all(w >= deadline - 0.2 for _, w in waited), waited
+        record_figures("odd_timezones", rescued_after_s=[round(w, 2) for _, w in waited], **figures)
     finally:
+        gate.touch()
         drop_schema(pg.dsn, schema)
