@@ -421,7 +421,8 @@ async def run_worker_async(app: App, queues: QueuesArg = None, *, maintenance: b
         except RuntimeError:  # the event loop is gone; nobody is waiting any more
             pass
 
-    threading.Thread(target=body, name="awa-worker", daemon=True).start()
+    thread = threading.Thread(target=body, name="awa-worker", daemon=True)
+    thread.start()
     try:
         return await asyncio.shield(done)
     except asyncio.CancelledError:
@@ -439,3 +440,7 @@ async def run_worker_async(app: App, queues: QueuesArg = None, *, maintenance: b
         raise
     finally:
         _forget(worker)
+        if done.done():
+            # The thread settled the future as its last step: it ends within microseconds. Joining it
+            # here means a caller never sees a worker thread outlive run_worker_async.
+            thread.join(1.0)
