@@ -119,7 +119,11 @@ def main(argv: list[str] | None = None) -> int:
 
         dsn = ensure_embedded()
         print(f"awa-fast demo: embedded PostgreSQL running ({dsn})")
-    return run_demo(dsn, args.jobs, args.stripes)
+    code = run_demo(dsn, args.jobs, args.stripes)
+    if not args.dsn:
+        print("awa-fast demo: the embedded PostgreSQL keeps running for the next command; "
+              "stop it with `.venv/bin/awa-fast db stop`")
+    return code
 
 
 if __name__ == "__main__":

@@ -82,8 +82,12 @@ def install() -> None:
     pip_env = dict(os.environ)
     if os.environ.get("CI"):
         pip_env["AWA_FAST_REQUIRE_EXT"] = "1"  # a broken extension build must fail CI, not fall back
-    check([PY, "-m", "pip", "install", "--quiet", "-e", f".[{extra},test,perf,metrics,web,browser-test,cron]"], cwd=ROOT,
-          env=pip_env)
+    extras = f".[{extra},test,perf,metrics,web,browser-test,cron]"
+    print(f"dev.py: installing awa-fast{extras[1:]} into {VENV} (the first run takes a few minutes: it builds the "
+          "Cython extension" + (" and psycopg's C implementation" if extra == "c" else "") + "; pip shows each step)",
+          flush=True)
+    # No --quiet: a cold install is long, and a silent one looks hung.
+    check([PY, "-m", "pip", "install", "--progress-bar", "off", "-e", extras], cwd=ROOT, env=pip_env)
     code = subprocess.run([PY, "-c", "import psycopg, awa_fast; print(psycopg.pq.__impl__, awa_fast.__impl__)"],
                           capture_output=True, text=True, cwd="/")
     print(f"dev.py: installed (psycopg implementation, awa_fast implementation): {code.stdout.strip()}",
