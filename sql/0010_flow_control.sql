@@ -260,21 +260,6 @@ ALTER FUNCTION __SCHEMA__.lane_claim_limited(text, int, int, int)
     SET plan_cache_mode = force_generic_plan SET jit = off;
 ALTER FUNCTION __SCHEMA__.queue_limit_status() SET jit = off;
 
--- Roles an earlier runtime_grant covered hold EXECUTE on the claim; give
--- them the functions above (tables are covered by its default privileges).
--- The migrator revokes EXECUTE from PUBLIC after this file.
-DO $$
-DECLARE
-    r record;
-BEGIN
-    FOR r IN
-        SELECT DISTINCT a.rolname
-        FROM pg_proc p
-        CROSS JOIN LATERAL aclexplode(p.proacl) x
-        JOIN pg_roles a ON a.oid = x.grantee
-        WHERE p.oid = '__SCHEMA__.claim_batch_v3(text, int, int, int)'::regprocedure
-          AND x.privilege_type = 'EXECUTE' AND x.grantee <> p.proowner
-    LOOP
-        PERFORM __SCHEMA__.runtime_grant(r.rolname);
-    END LOOP;
-END $$;
+-- Roles an earlier runtime_grant covered get EXECUTE on the functions above
+-- from the migrator, which grants every such role again after it applies
+-- migrations (awa_fast/storage/migrate.py), and revokes EXECUTE from PUBLIC.
