@@ -1,0 +1,85 @@
+"""Opening and closing connections, DSN redaction and storable text."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from awa_fast.errors import ConfigError, DatabaseUnavailable
+
+
+def close_quietly(conn: psycopg.Connection | None) -> None:
+    """Close a connection that may already be broken; errors while closing are moot."""
+    if conn is None:
+        return
+    try:
+        conn.close()
+    except Exception:  # noqa: BLE001 - closing a broken connection
+        pass
+
+
+def clean_text(text: str | None, limit: int = 8192) -> str | None:
+    """Text PostgreSQL will store: NUL escaped, lone surrogates escaped, at most ``limit`` characters."""
+    if text is None:
+        return None
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text[:limit]
+
+
+def connect(dsn: str, *, application_name: str = "awa_fast", autocommit: bool = True,
+            connect_timeout: int = 10, **kwargs: Any) -> psycopg.Connection:
+    """Open a connection, mapping connection failures to :class:`DatabaseUnavailable`.
+
+    ``connect_timeout`` (seconds, at least 2) bounds a connection attempt to a
+    silent peer. The message never contains the password of the DSN: a DSN
+    libpq cannot parse raises :class:`ConfigError` without libpq's text, which
+    quotes the part it choked on (a password, or the whole URI).
+    """
+    try:
+        return psycopg.connect(dsn, autocommit=autocommit, application_name=application_name,
+                               connect_timeout=max(2, int(connect_timeout)), **kwargs)
+    except psycopg.ProgrammingError:
+        raise ConfigError(_DSN_UNPARSEABLE) from None
+    except psycopg.OperationalError as exc:
+        raise DatabaseUnavailable(f"cannot connect to PostgreSQL at {redact_dsn(dsn)}: "
+                                  f"{_scrub_password(_first_line(exc), dsn)}; "
+                                  "check the DSN and that the server runs") from None
+
+
+_DSN_UNPARSEABLE = ("invalid DSN: it could not be parsed; use 'postgresql://user@host:port/dbname' "
+                    "or 'host=... dbname=...' (keep the password in ~/.pgpass or PGPASSWORD)")
+
+
+def _scrub_password(text: str, dsn: str) -> str:
+    """``text`` with the DSN's password (if any) replaced by ``***``: libpq quotes values it rejects."""
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+
+        password = conninfo_to_dict(dsn).get("password")
+    except psycopg.ProgrammingError:
+        return text
+    return text.replace(str(password), "***") if password else text
+
+
+def redact_dsn(dsn: str) -> str:
+    """The DSN with any password replaced by ``***`` (for logs, errors and status)."""
+    try:
+        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+        params = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return "<unparseable DSN>"
+    if "password" in params:
+        params["password"] = "***"
+    return make_conninfo(**{k: v for k, v in params.items() if v is not None})
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else exc.__class__.__name__
