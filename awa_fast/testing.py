@@ -576,8 +576,8 @@ if _pytest is not None:
     def awa_app(awa_fast_app: App, awa_dsn: str) -> Iterator[App]:
         """Your App bound to a freshly migrated schema for this test (dropped afterwards)."""
         import psycopg
-        import psycopg.sql
 
+        from awa_fast.storage import Storage
         from awa_fast.storage.migrate import RingSizes, migrate
 
         schema = "awa_test_" + uuid.uuid4().hex[:12]
@@ -586,7 +586,7 @@ if _pytest is not None:
             with bind(awa_fast_app, awa_dsn, schema) as app:
                 yield app
         finally:
+            doomed = Storage(schema)
             with psycopg.connect(awa_dsn, autocommit=True) as c:
-                c.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                          "WHERE pid <> pg_backend_pid() AND application_name LIKE %s", (f"%{schema}%",))
-                c.execute(psycopg.sql.SQL("DROP SCHEMA {} CASCADE").format(psycopg.sql.Identifier(schema)))
+                doomed.schema_backends_terminate(c)
+                doomed.schema_drop(c)
