@@ -148,6 +148,11 @@ def timeout_text(timeout: float) -> str:
     return f"timed out after {timeout:g} s"
 
 
+def _no_samples() -> dict[str, list[float]]:
+    return {"pickup": [], "e2e": [], "handler": [], "flush_jobs": [], "flush_seconds": [], "claim_jobs": [],
+            "claim_seconds": []}
+
+
 def _unknown_kind_text(kind: str) -> str:
     return f"no handler registered for kind {kind!r} in this worker"
 
@@ -222,8 +227,8 @@ class Claimer:
         self._clock_measured = 0.0
         self.stats = {"claimed": 0, "completed": 0, "retried": 0, "failed": 0, "cancelled": 0,
                       "snoozed": 0, "stale": 0, "claim_calls": 0, "empty_claims": 0, "batches": 0}
-        self._pickup: list[float] = []
-        self._e2e: list[float] = []
+        self._samples = _no_samples()  # histogram samples until the next publish (see runtime.shm.HISTOGRAMS)
+        self._heartbeat_failures_published = 0
         self._stats_lock = threading.Lock()  # claim loop and batcher thread both count
 
     # -- lifecycle --------------------------------------------------------------------
@@ -319,7 +324,7 @@ class Claimer:
                     conn = self._claim_connection()
                     if time.monotonic() - self._clock_measured > 300.0:
                         self._measure_clock_offset()
-                    self._claim_started = time.monotonic()
+                    claim_t0 = self._claim_started = time.monotonic()
                     want = min(free, cfg.claim_batch)
                     self._backlog_maybe = True
                     try:
@@ -336,7 +341,7 @@ class Claimer:
                     self._stopping.wait(backoff)
                     backoff = min(backoff * 2, 5.0)
                     continue
-                self._count("claim_calls", 1)
+                self._claim_observed(time.monotonic() - claim_t0, len(snaps))
                 if self._on_short_claim is not None and len(snaps) < want:
                     self._on_short_claim(lane_busy)
                 if len(snaps) < want and not lane_busy and len(snaps) < _SHORT_CLAIM_SLEEPS:
@@ -479,6 +484,8 @@ class Claimer:
             return self._outcome(job, spec.handler(job))
         except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt, ... retry like any failure
             return self._failed(job, spec, exc)
+        finally:
+            job.finished_at = time.time()
 
     def _run_loop(self) -> None:
         """The event loop thread: a loop that stops or dies while the claimer runs stops the claimer."""
@@ -522,6 +529,8 @@ class Claimer:
             if isinstance(exc, asyncio.CancelledError) and job._cancelled:  # noqa: SLF001 - we cancelled it
                 return self._interrupted(job, exc)
             return self._failed(job, spec, exc)
+        finally:
+            job.finished_at = time.time()
 
     def _failed(self, job: Job, spec: JobSpec, exc: BaseException) -> Outcome:
         """The outcome of a handler that raised ``exc``, logged (WARNING, the traceback at DEBUG).
@@ -793,6 +802,12 @@ class Claimer:
         with self._stats_lock:
             self.stats[key] += n
 
+    def _claim_observed(self, seconds: float, jobs: int) -> None:
+        with self._stats_lock:
+            self.stats["claim_calls"] += 1
+            self._samples["claim_seconds"].append(seconds)
+            self._samples["claim_jobs"].append(jobs)
+
     def _flushed(self, report: FlushReport) -> None:
         if self._abandoned:  # found stale after its handler had returned: its outcome is flushed now
             with self._abandoned_lock:
@@ -802,12 +817,16 @@ class Claimer:
         st["batches"] = 1
         e2e: list[float] = []
         pickup: list[float] = []
+        handler: list[float] = []
         closed: list[AttemptClosed] | None = [] if self.flush_listeners else None
         for job, outcome in report.jobs:
             key = (job.id, job.run_lease)
             self.held.pop(key, None)
             self.claimed_at.pop(key, None)
             self.stateful.discard(key)
+            finished = getattr(job, "finished_at", 0.0)  # unset: the handler never ran
+            if finished:
+                handler.append(finished - job.started_at)
             if outcome is RELEASE:
                 continue
             if key in report.stale:
@@ -829,8 +848,12 @@ class Claimer:
         with self._stats_lock:
             for k, v in st.items():
                 self.stats[k] += v
-            self._e2e.extend(e2e)
-            self._pickup.extend(pickup)
+            samples = self._samples
+            samples["e2e"].extend(e2e)
+            samples["pickup"].extend(pickup)
+            samples["handler"].extend(handler)
+            samples["flush_jobs"].append(len(report.jobs))
+            samples["flush_seconds"].append(report.seconds)
         if closed:
             for listener in self.flush_listeners:
                 try:
@@ -847,15 +870,14 @@ class Claimer:
             return
         with self._stats_lock:
             st, self.stats = self.stats, dict.fromkeys(self.stats, 0)
-            pickup, self._pickup = self._pickup, []
-            e2e, self._e2e = self._e2e, []
-        self.shm.add(**st)
-        if pickup:
-            self.shm.observe_latency("pickup", pickup)
-        if e2e:
-            self.shm.observe_latency("e2e", e2e)
-        self.shm.set_in_flight(self._outstanding)
-        self.shm.heartbeat()
+            samples, self._samples = self._samples, _no_samples()
+            hb_failures = self.heartbeat.failures
+            st["heartbeat_failures"] = hb_failures - self._heartbeat_failures_published
+            self._heartbeat_failures_published = hb_failures
+        outstanding = self._outstanding
+        slots = self.config.concurrency * (bool(self._threads) + (self._loop is not None))
+        # one seqlock write; 'waiting': claimed beyond the worker slots, so not started yet
+        self.shm.publish(st, samples, in_flight=outstanding, waiting=outstanding - slots)
 
     # -- LISTEN/NOTIFY -------------------------------------------------------------------
 

@@ -33,6 +33,7 @@ from tests.integration.runtime_helpers import (  # noqa: E402
     connect,
     counts,
     enqueue_bulk,
+    enqueue_one,
     wait_for,
 )
 
@@ -67,12 +68,16 @@ def _total(fams: dict[str, list], name: str, suffix: str = "") -> float:
 def test_a_scrape_during_a_drain_adds_up_and_serves_every_dashboard_metric(pg_dsn, schema, storage, tmp_path):
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
-    n = 3000
+    bulk = 3000
+    delayed = 20  # scheduled a moment ahead: the maintenance leader promotes each of them
+    n = bulk + delayed
     with SupervisorProc(pg_dsn, schema, tmp_path, extra=["--metrics", f"127.0.0.1:{port}"]) as sup, \
             connect(pg_dsn, schema) as conn:
         sup.wait_running()
         wait_for(lambda: _get(base + "/healthz")[0] == 200, 30, "the metrics address", on_timeout=sup.tail)
-        enqueue_bulk(pg_dsn, schema, "rt.sleep", [{"ms": 1}] * n)
+        for _ in range(delayed):
+            enqueue_one(pg_dsn, schema, "rt.sync", delay=1.0)
+        enqueue_bulk(pg_dsn, schema, "rt.sleep", [{"ms": 1}] * bulk)
         status, during = _get(base + "/metrics")  # while work flows
         assert status == 200 and "awa_fast_jobs_completed_total" in during
         wait_for(lambda: counts(storage, conn).get("completed", 0) == n, 120, "the drain", on_timeout=sup.tail)
@@ -87,6 +92,25 @@ def test_a_scrape_during_a_drain_adds_up_and_serves_every_dashboard_metric(pg_ds
         inf = [s for s in fams["awa_fast_pickup_latency_seconds"] if s.name.endswith("_bucket")
                and s.labels["le"] == "+Inf"]
         assert sum(s.value for s in inf) == n
+        # one handler-duration sample per job run; flushes wrote every outcome; claim calls returned every job
+        assert _total(fams, "awa_fast_handler_duration_seconds", "_count") == n
+        assert _total(fams, "awa_fast_completion_flush_jobs", "_sum") == n
+        flushes = _total(fams, "awa_fast_completion_flushes", "_total")
+        assert flushes > 0
+        assert _total(fams, "awa_fast_completion_flush_jobs", "_count") == flushes
+        assert _total(fams, "awa_fast_completion_flush_duration_seconds", "_count") == flushes
+        calls = _total(fams, "awa_fast_claim_calls", "_total")
+        assert _total(fams, "awa_fast_claim_batch_jobs", "_sum") == n
+        assert _total(fams, "awa_fast_claim_batch_jobs", "_count") == calls == \
+            _total(fams, "awa_fast_claim_duration_seconds", "_count")
+        size_le = {s.labels["le"] for s in fams["awa_fast_claim_batch_jobs"] if s.name.endswith("_bucket")}
+        assert {"0.0", "1.0", "2.0", "4.0", "8192.0", "+Inf"} <= size_le  # the shm size buckets, not re-sampled
+        assert _total(fams, "awa_fast_heartbeat_failures", "_total") == 0
+        assert _total(fams, "awa_fast_promotions", "_total") == delayed
+        rescues = {s.labels["kind"]: s.value for s in fams["awa_fast_rescues"] if s.name.endswith("_total")}
+        assert rescues == {"receipt": 0.0, "lease": 0.0}
+        prunes = [s for s in fams["awa_fast_prunes"] if s.name.endswith("_total")]
+        assert {s.labels["ring"] for s in prunes} == {"claim", "ready", "lease"} and sum(s.value for s in prunes) > 0
         assert _total(fams, "awa_fast_maintenance_leader") == 1
         assert {s.labels["stripe"] for s in fams["awa_fast_claimer_up"]} == {"0", "1"}
 
