@@ -45,7 +45,13 @@ def test_status_json_with_and_without_a_local_supervisor(pg_dsn, schema, storage
         for stripe, c in by_stripe.items():
             assert c["queue"] == QUEUE and c["state"] == "running" and c["pid"] == pids[(QUEUE, stripe)], c
             assert c["claimed"] >= c["completed"] and c["stale"] == 0 and c["in_flight"] == 0, c
+            assert c["waiting"] == 0 and c["heartbeat_failures"] == 0, c
+            # one handler sample per job run, one flush-size sample per flush (they add up to the outcomes)
+            assert c["handler"]["count"] == c["completed"] == c["flush_jobs"]["sum"], c
+            assert c["flush_jobs"]["count"] == c["batches_flushed"] and c["claim_jobs"]["sum"] == c["claimed"], c
         assert sum(c["claimed"] for c in by_stripe.values()) == n
+        assert local["layout_version"] == 2 and set(local["maintenance"]["totals"]) == \
+            {"promoted", "rescued_receipt", "rescued_lease"}
         assert local["maintenance"]["leader_pid"] == sup.maintenance_pid()
         # From the database: queue, rings, leader, exact counts.
         assert [q["queue"] for q in data["queues"]] == [QUEUE]
@@ -65,7 +71,8 @@ def test_status_json_with_and_without_a_local_supervisor(pg_dsn, schema, storage
         text = cli("status", "--schema", schema, "--dsn", pg_dsn, "--home", str(home))
         assert text.returncode == 0, text.stderr
         assert f"schema {schema}" in text.stdout and "leader: pid" in text.stdout
-        assert text.stdout.count(f"claimer {QUEUE}#") == 2
+        assert text.stdout.count(f"claimer {QUEUE}#") == 2 and text.stdout.count(" waiting 0 ") == 2
+        assert "maintenance here (leader): promoted " in text.stdout
         assert sup.stop() == 0, sup.tail()
 
     after = _status(pg_dsn, schema, home)
