@@ -61,7 +61,15 @@ def one_run(base: list[str], metrics: bool, scrape_every: float) -> dict:
             scraper.join()
     res = json.loads(out.stdout)
     return {"metrics": metrics, "jobs_per_s": res["jobs_per_s"], "completed": res.get("completed"),
-            "scrapes": seen[0], "loadavg": res.get("loadavg")}
+            "scrapes": seen[0], "loadavg": res.get("loadavg"),
+            "other_cpu_share": _other_share(res.get("cpu"))}
+
+
+def _other_share(cpu: dict | None) -> float | None:
+    """The share of the machine's CPU that other processes used during the drain (noise)."""
+    if not cpu or not cpu.get("box_capacity_cpu_s"):
+        return None
+    return round(cpu.get("other_cpu_s", 0.0) / cpu["box_capacity_cpu_s"], 3)
 
 
 def main() -> int:
@@ -84,7 +92,8 @@ def main() -> int:
             run = one_run(base, metrics, args.scrape_every)
             runs.append(run)
             print(f"round {r + 1} metrics {'on ' if metrics else 'off'}: {run['jobs_per_s']:>9.1f} jobs/s "
-                  f"(completed {run['completed']}, scrapes {run['scrapes']}, load {run['loadavg']})",
+                  f"(completed {run['completed']}, scrapes {run['scrapes']}, load {run['loadavg']}, "
+                  f"other processes' CPU share {run['other_cpu_share']})",
                   file=sys.stderr, flush=True)
     off = statistics.median(r["jobs_per_s"] for r in runs if not r["metrics"])
     on = statistics.median(r["jobs_per_s"] for r in runs if r["metrics"])

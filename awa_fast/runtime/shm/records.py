@@ -47,19 +47,19 @@ from awa_fast.runtime.shm.layout import (
     R_ALIVE,
     R_GAUGES,
     R_STATE,
+    R_USED,
     READ_ATTEMPTS,
     REC_ALL,
     REC_LIFE,
     RECORD_SIZE,
+    RING_FIELDS,
     S_COUNTS,
     S_GAUGES,
     SEQ,
     STATS,
     SIZE_HISTOGRAMS,
     TIME_HISTOGRAMS,
-    TOTALS,
     U64,
-    R_USED,
     ShmError,
 )
 
@@ -189,9 +189,7 @@ class RingSnapshot:
         return asdict(self)
 
 
-assert tuple(RingState.__slots__) == ("current_slot", "generation", "slot_count", "last_rotate", "last_prune",  # type: ignore[attr-defined]
-                                      *(f"prune_{o}" for o in PRUNE_OUTCOMES), *(f"total_{o}" for o in PRUNE_OUTCOMES))
-assert len(TOTALS) == 3
+assert tuple(RingState.__slots__) == RING_FIELDS  # type: ignore[attr-defined]  # the section's field order
 
 
 # -- a claimer's status record ---------------------------------------------------------
