@@ -97,12 +97,24 @@ def main() -> int:
                   file=sys.stderr, flush=True)
     off = statistics.median(r["jobs_per_s"] for r in runs if not r["metrics"])
     on = statistics.median(r["jobs_per_s"] for r in runs if r["metrics"])
+    # On a shared machine the throughput follows the CPU other processes leave: jobs/s per share of
+    # the machine they left free is the steadier comparison (both are reported).
+    for r in runs:
+        share = r["other_cpu_share"]
+        r["jobs_per_s_per_free_cpu"] = round(r["jobs_per_s"] / (1.0 - share), 1) if share is not None and share < 1 \
+            else None
+    free = {m: [r["jobs_per_s_per_free_cpu"] for r in runs if r["metrics"] is m and r["jobs_per_s_per_free_cpu"]]
+            for m in (False, True)}
+    free_ratio = round(statistics.median(free[True]) / statistics.median(free[False]), 4) \
+        if free[True] and free[False] else None
     summary = {"runs": runs, "median_off": off, "median_on": on, "ratio_on_off": round(on / off, 4),
+               "ratio_on_off_per_free_cpu": free_ratio,
                "loadavg_end": [round(x, 2) for x in os.getloadavg()], "date": time.strftime("%Y-%m-%d %H:%M")}
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
-        print(f"median off {off:.1f} jobs/s, on {on:.1f} jobs/s, on/off {on / off:.4f}")
+        print(f"median off {off:.1f} jobs/s, on {on:.1f} jobs/s, on/off {on / off:.4f}; "
+              f"per free CPU share, on/off {free_ratio}")
     return 0
 
 

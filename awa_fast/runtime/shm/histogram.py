@@ -84,9 +84,9 @@ def time_counts(samples: Sequence[float]) -> tuple[list[int], float]:
     # C loops: bisect per sample, Counter tallies (NaN/negative -> 0, +inf -> last)
     for i, n in Counter(map(_BUCKET_OF, samples)).items():
         counts[i] = n
-    total = math.fsum(samples) if samples else 0.0
+    total = sum(samples, 0.0)
     if not 0.0 <= total < math.inf or (samples and min(samples) < 0.0):
-        total = math.fsum(s for s in samples if 0.0 < s < math.inf)
+        total = sum((s for s in samples if 0.0 < s < math.inf), 0.0)
     return counts, total
 
 

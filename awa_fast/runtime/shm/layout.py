@@ -156,6 +156,9 @@ REC_LIFE = Struct("<IqQdd")  # state, pid, starts, last alive, state since (at +
 _STATS_FMT = (f"{len(COUNTERS)}Q{len(GAUGES)}Q" + f"{HIST_BUCKETS}Qd" * len(TIME_HISTOGRAMS)
               + f"{SIZE_BUCKETS}Qd" * len(SIZE_HISTOGRAMS))
 STATS = Struct("<dd" + _STATS_FMT)  # last alive, state since, counters, gauges, histograms (at +96)
+ALIVE_SCALARS = Struct(f"<dd{len(COUNTERS)}Q{len(GAUGES)}Q")  # last alive, state since, counters, gauges (at +96)
+TIME_HIST = Struct(f"<{HIST_BUCKETS}Qd")
+SIZE_HIST = Struct(f"<{SIZE_BUCKETS}Qd")
 REC_ALL = Struct("<Q64sIIqQdd" + _STATS_FMT)
 
 HEADER_SIZE = 64
@@ -176,19 +179,22 @@ R_USED = R_HISTS + (8 * HIST_BUCKETS + 8) * len(TIME_HISTOGRAMS) + (8 * SIZE_BUC
 S_COUNTS = 2
 S_GAUGES = S_COUNTS + len(COUNTERS)
 S_HISTS = S_GAUGES + len(GAUGES)
-# position of each histogram's first bucket inside STATS, and its bucket count
+# position of each histogram's first bucket inside STATS, and its bucket count; its byte offset in the record
 HIST_SLICES: dict[str, tuple[int, int]] = {}
-_pos = S_HISTS
+HIST_OFFSETS: dict[str, int] = {}
+_pos, _off = S_HISTS, R_HISTS
 for _name in HISTOGRAMS:
     _n = HIST_BUCKETS if _name in TIME_HISTOGRAMS else SIZE_BUCKETS
     HIST_SLICES[_name] = (_pos, _n)
+    HIST_OFFSETS[_name] = _off
     _pos += _n + 1
-del _pos, _name, _n
+    _off += 8 * _n + 8
+del _pos, _off, _name, _n
 
 assert HEADER.size == HEADER_SIZE
 assert 8 + RING_BODY.size == RING_SIZE
 assert REC_HEAD.size == R_COUNTS - R_QUEUE and R_STATE + REC_LIFE.size == R_COUNTS
-assert R_ALIVE + STATS.size == R_USED == REC_ALL.size == 2136
+assert R_ALIVE + STATS.size == R_USED == REC_ALL.size == 2136 and R_ALIVE + ALIVE_SCALARS.size == R_HISTS
 assert RECORD_SIZE % 64 == 0 and RECORD_SIZE >= R_USED
 
 

@@ -21,11 +21,13 @@ every counter, gauge and histogram.
 from __future__ import annotations
 
 import hashlib
+import operator
 import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from struct import Struct
 from typing import TYPE_CHECKING, Any
 
 from awa_fast.runtime.shm.histogram import (
@@ -36,11 +38,13 @@ from awa_fast.runtime.shm.histogram import (
     time_counts,
 )
 from awa_fast.runtime.shm.layout import (
+    ALIVE_SCALARS,
     CLAIMER_STATES,
     CLAIMERS_OFFSET,
     COUNTERS,
     F64,
     GAUGES,
+    HIST_OFFSETS,
     HIST_SLICES,
     HISTOGRAMS,
     PRUNE_OUTCOMES,
@@ -56,8 +60,9 @@ from awa_fast.runtime.shm.layout import (
     S_COUNTS,
     S_GAUGES,
     SEQ,
-    STATS,
+    SIZE_HIST,
     SIZE_HISTOGRAMS,
+    TIME_HIST,
     TIME_HISTOGRAMS,
     U64,
     ShmError,
@@ -266,23 +271,23 @@ class StatusRecord:
         the time histograms, job counts for the size ones), bucketed here;
         keyword gauges (:data:`GAUGES`) are set as given.
         """
-        adds: list[tuple[int, int | float]] = []
+        adds: list[tuple[int, int]] = []
         for key, n in (counts or {}).items():
             if n:
                 pos = _COUNTER_POS.get(_ADD_ALIASES.get(key, key))
                 if pos is None:
                     raise ValueError(f"unknown counter {key!r}; use one of {COUNTERS}")
                 adds.append((pos, n))
+        hists: list[tuple[int, Struct, list[int], float]] = []
         for key, values in (samples or {}).items():
-            where = HIST_SLICES.get(key)
-            if where is None:
+            hoff = HIST_OFFSETS.get(key)
+            if hoff is None:
                 raise ValueError(f"unknown histogram {key!r}; use one of {HISTOGRAMS}")
-            if not values:
-                continue
-            pos, nb = where
-            counts_, total = time_counts(values) if key in TIME_HISTOGRAMS else size_counts(values)  # type: ignore[arg-type]
-            adds.extend((pos + i, c) for i, c in enumerate(counts_) if c)
-            adds.append((pos + nb, total))
+            if values:
+                if key in TIME_HISTOGRAMS:
+                    hists.append((hoff, TIME_HIST, *time_counts(values)))
+                else:
+                    hists.append((hoff, SIZE_HIST, *size_counts(values)))  # type: ignore[arg-type]
         sets: list[tuple[int, int]] = []
         for key, value in gauges.items():
             pos = _GAUGE_POS.get(key)
@@ -292,16 +297,19 @@ class StatusRecord:
         buf = self._buf()
         off = self._off
         with self._lock:
-            # single writer: its own fields need no seqlock to read
-            v = list(STATS.unpack_from(buf, off + R_ALIVE))
+            # single writer: its own fields need no seqlock to read; every part below is one write
+            seq = odd_version(buf, off)
+            SEQ.pack_into(buf, off, seq)
+            v = list(ALIVE_SCALARS.unpack_from(buf, off + R_ALIVE))
             v[0] = time.time()
             for pos, n in adds:
                 v[pos] += n
             for pos, g in sets:
                 v[pos] = g
-            seq = odd_version(buf, off)
-            SEQ.pack_into(buf, off, seq)
-            STATS.pack_into(buf, off + R_ALIVE, *v)
+            ALIVE_SCALARS.pack_into(buf, off + R_ALIVE, *v)
+            for hoff, struct_, inc, total in hists:
+                old = struct_.unpack_from(buf, off + hoff)
+                struct_.pack_into(buf, off + hoff, *map(operator.add, old, inc), old[-1] + total)
             SEQ.pack_into(buf, off, seq + 1)
 
     def add(self, **counts: int) -> None:
