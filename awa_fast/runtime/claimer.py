@@ -434,14 +434,17 @@ class Claimer:
         self._publish()
 
     def _publish(self) -> None:
+        if self.shm is None:
+            # an in-process worker: its counters stay here (its summary reads them), samples are not kept
+            with self._stats_lock:
+                self._samples = _no_samples()
+            return
         with self._stats_lock:
             st, self.stats = self.stats, dict.fromkeys(self.stats, 0)
             samples, self._samples = self._samples, _no_samples()
             hb_failures = self.heartbeat.failures
             st["heartbeat_failures"] = hb_failures - self._heartbeat_failures_published
             self._heartbeat_failures_published = hb_failures
-        if self.shm is None:  # an in-process worker: nothing to publish to, and nothing kept
-            return
         outstanding = self._outstanding
         # one seqlock write; 'waiting': claimed beyond the worker slots, so not started yet
         self.shm.publish(st, samples, in_flight=outstanding, waiting=outstanding - self.executor.slots())
