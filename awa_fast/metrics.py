@@ -66,7 +66,7 @@ CALL_COUNTERS: dict[str, tuple[str, str]] = {
 # shared-memory gauge -> (metric name, help)
 GAUGES: dict[str, tuple[str, str]] = {
     "in_flight": ("jobs_in_flight", "Attempts claimed and not yet handed to the batcher."),
-    "waiting": ("jobs_waiting", "Attempts claimed beyond the worker slots: buffered, not started, every slot busy."),
+    "waiting": ("jobs_waiting", "Attempts claimed and not started: buffered because every worker slot is busy."),
     "abandoned": ("handlers_abandoned", "Sync handlers still running although their attempt was rescued or timed out."),
 }
 # shared-memory histogram -> (metric name, help); the time ones in seconds, the size ones in jobs

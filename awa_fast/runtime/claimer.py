@@ -62,6 +62,9 @@ _BUSY_PAUSE_FIRST = 0.002
 _BUSY_PAUSE_MAX = 0.02
 
 
+_WAITING_EVERY_S = 0.1
+
+
 def _no_samples() -> dict[str, list[float]]:
     return {"pickup": [], "e2e": [], "handler": [], "flush_jobs": [], "flush_seconds": [], "claim_jobs": [],
             "claim_seconds": []}
@@ -163,6 +166,8 @@ class Claimer:
                       "snoozed": 0, "stale": 0, "claim_calls": 0, "empty_claims": 0, "batches": 0}
         self._samples = _no_samples()  # histogram samples until the next publish (see runtime.shm.HISTOGRAMS)
         self._heartbeat_failures_published = 0
+        self._waiting = 0  # the waiting gauge as last computed, and when (monotonic)
+        self._waiting_at = -1e9
         self._stats_lock = threading.Lock()  # claim loop and batcher thread both count
 
     # -- lifecycle --------------------------------------------------------------------
@@ -445,9 +450,11 @@ class Claimer:
             hb_failures = self.heartbeat.failures
             st["heartbeat_failures"] = hb_failures - self._heartbeat_failures_published
             self._heartbeat_failures_published = hb_failures
-        outstanding = self._outstanding
-        # one seqlock write; 'waiting': claimed beyond the worker slots, so not started yet
-        self.shm.publish(st, samples, in_flight=outstanding, waiting=outstanding - self.executor.slots())
+        now = time.monotonic()
+        if now - self._waiting_at >= _WAITING_EVERY_S:  # a scan of the held attempts: at most 10 a second
+            self._waiting, self._waiting_at = self.attempts.not_started(), now
+        # one seqlock write; 'waiting': held here, handler not started (every worker slot busy)
+        self.shm.publish(st, samples, in_flight=self._outstanding, waiting=self._waiting)
 
     # -- drain ---------------------------------------------------------------------------------
 

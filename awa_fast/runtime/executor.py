@@ -151,10 +151,6 @@ class Executor:
 
     # -- lifecycle --------------------------------------------------------------------
 
-    def slots(self) -> int:
-        """Handlers that can run at once: ``concurrency`` worker threads, and as many async slots."""
-        return self.concurrency * (bool(self._threads) + (self._loop is not None))
-
     def has_sync(self) -> bool:
         return any(not s.is_async for s in self.registry.values()) or not self.registry
 

@@ -79,3 +79,23 @@ def test_status_json_with_and_without_a_local_supervisor(pg_dsn, schema, storage
     assert after["local"] is None, "the locator of a stopped supervisor is still followed"
     assert after["leader"] is None
     assert set(after["rings"]) == {"ready", "claim", "lease"}
+
+
+def test_waiting_counts_the_jobs_claimed_beyond_the_worker_slots(pg_dsn, schema, storage, conn, tmp_path):
+    home = tmp_path / "home"
+    with SupervisorProc(pg_dsn, schema, tmp_path, home=home, queues=[f"{QUEUE}:stripes=1,concurrency=2"]) as sup:
+        sup.wait_running(1)
+        enqueue_bulk(pg_dsn, schema, "rt.sleep", [{"ms": 1500}] * 8)
+
+        def claimer() -> dict:
+            local = _status(pg_dsn, schema, home)["local"]
+            return local["claimers"][0] if local else {}
+        # all 8 claimed at once, 2 running: 6 wait for a slot
+        c = wait_for(lambda: (lambda c: c if c.get("in_flight") == 8 else None)(claimer()), 20,
+                     "the claimer to hold all 8 jobs", interval=0.1, on_timeout=sup.tail)
+        assert c["waiting"] == 6, c
+        wait_for(lambda: counts(storage, conn).get("completed", 0) == 8, 30, "the jobs to complete")
+        c = wait_for(lambda: (lambda c: c if c.get("completed") == 8 else None)(claimer()), 20, "the counters")
+        assert (c["waiting"], c["in_flight"], c["handler"]["count"]) == (0, 0, 8), c
+        assert 1.4 < c["handler"]["mean"] < 5.0, c["handler"]  # each handler slept 1.5 s
+        assert sup.stop() == 0, sup.tail()

@@ -113,7 +113,7 @@ COUNTERS = (
 # Gauges are set, not added, at every publish.
 GAUGES = (
     "in_flight",  # claimed here and not yet handed to the batcher (buffered + running)
-    "waiting",  # claimed beyond the worker slots: buffered here because every slot is busy
+    "waiting",  # claimed here, handler not started: buffered because every worker slot is busy
     "abandoned",  # sync handlers still running although their attempt was rescued or timed out
 )
 TIME_HISTOGRAMS = (
