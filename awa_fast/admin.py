@@ -54,7 +54,9 @@ class AdminMixin:
     if TYPE_CHECKING:  # provided by awa_fast.App
         storage: Storage
 
-        def _conn_scope(self, conn: psycopg.Connection | None) -> contextlib.AbstractContextManager[psycopg.Connection]: ...
+        def _conn_scope(
+            self, conn: psycopg.Connection | None
+        ) -> contextlib.AbstractContextManager[psycopg.Connection]: ...
 
         def _aconn_scope(
             self, conn: psycopg.AsyncConnection | None

@@ -23,6 +23,7 @@ from typing import Any, Literal, TypeVar, overload
 
 import psycopg
 
+from awa_fast.admin import AdminMixin
 from awa_fast.client import (
     MAX_DELAY_S,
     PRIORITY_DEFAULT,
@@ -31,7 +32,6 @@ from awa_fast.client import (
     validate_name,
     validate_priority,
 )
-from awa_fast.admin import AdminMixin
 from awa_fast.errors import ConfigError, DatabaseUnavailable, OutOfRange
 from awa_fast.jobs import AttemptClosed, JobSpec
 from awa_fast.limits import KEEP
