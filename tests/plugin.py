@@ -26,6 +26,10 @@ from awa_fast.embedded import PostgresCluster, embedded_bindir, system_bindir
 from awa_fast.storage import Storage, use_raw_jsonb
 from awa_fast.storage.migrate import RingSizes, migrate
 
+# The shared fixture plugins (tests/fixtures/): waiting, connections and SQL on a test schema, the supervisor
+# handle. Waiting first: the others import it, and a plugin must be registered before it is imported.
+pytest_plugins = ["tests.fixtures.waiting", "tests.fixtures.database", "tests.fixtures.supervisor"]
+
 _HERE = pathlib.Path(__file__).parent
 # Test modules that exercise an accelerated function (payload checks, COPY
 # encoders, snapshot decoding): CI runs them under both implementations.
