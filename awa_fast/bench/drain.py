@@ -17,23 +17,14 @@ from __future__ import annotations
 import argparse
 import secrets
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from awa_fast.bench.meters import CpuMeter
 from awa_fast.bench.procs import SupervisorProcess, bench_supervisor
 from awa_fast.bench.report import json_len
-from awa_fast.bench.worker import KIND, QUEUE
+from awa_fast.bench.worker import KIND, QUEUE, client_app
 from awa_fast.progress import ProgressBar
 from awa_fast.storage import Storage, connect, probes
-
-if TYPE_CHECKING:
-    from awa_fast.app import App
-
-
-def _client(dsn: str, schema: str) -> App:
-    from awa_fast.app import App
-
-    return App(dsn=dsn, schema=schema)
 
 
 def payload_pad(args: argparse.Namespace, widest: dict[str, Any]) -> str | None:
@@ -82,7 +73,7 @@ def bench_drain(args: argparse.Namespace, dsn: str, schema: str, srv: dict[str, 
     """``drain``: COPY-enqueue ``--jobs`` no-op jobs, then time a real supervisor working them off."""
     n = int(args.jobs)
     pad = payload_pad(args, {"n": n - 1})
-    client = _client(dsn, schema)
+    client = client_app(dsn, schema)
     bar = ProgressBar("  enqueue", n)
     t0 = time.perf_counter()
     jobs = ({"n": i} for i in range(n)) if pad is None else ({"n": i, "pad": pad} for i in range(n))
@@ -143,7 +134,7 @@ def bench_drain(args: argparse.Namespace, dsn: str, schema: str, srv: dict[str, 
 def bench_bulk_enqueue(args: argparse.Namespace, dsn: str, schema: str, srv: dict[str, Any]) -> dict[str, Any]:
     """``bulk-enqueue``: jobs/s of one ``App.enqueue_many`` call (payload checks + binary COPY)."""
     n = int(args.jobs)
-    client = _client(dsn, schema)
+    client = client_app(dsn, schema)
     client.enqueue_many(KIND, [{"warm": 1}], queue="bench-warmup")  # connect, warm caches
     pad = payload_pad(args, {"n": n - 1, "to": f"user{n - 1}@example.com"})
     payloads = [{"n": i, "to": f"user{i}@example.com"} for i in range(n)]

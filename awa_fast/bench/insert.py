@@ -11,26 +11,17 @@ import argparse
 import multiprocessing
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from awa_fast.bench.meters import CpuMeter
 from awa_fast.bench.report import ms, percentiles
-from awa_fast.bench.worker import KIND, QUEUE
+from awa_fast.bench.worker import KIND, QUEUE, client_app
 from awa_fast.progress import ProgressBar
-
-if TYPE_CHECKING:
-    from awa_fast.app import App
-
-
-def _client(dsn: str, schema: str) -> App:
-    from awa_fast.app import App
-
-    return App(dsn=dsn, schema=schema)
 
 
 def insert_worker(dsn: str, schema: str, window: Any, out: Any, ready: Any) -> None:
     """One concurrent-insert producer: App.enqueue, own autocommit connection, inside the window."""
-    client = _client(dsn, schema)
+    client = client_app(dsn, schema)
     client.enqueue(KIND, {"warm": 1}, queue="bench-warmup")  # connect and warm outside the window
     ready.put(os.getpid())
     while window[0] == 0.0:

@@ -34,18 +34,12 @@ from awa_fast.bench.drain import wait_done
 from awa_fast.bench.meters import CpuMeter, RssSampler
 from awa_fast.bench.procs import bench_supervisor
 from awa_fast.bench.report import ms, percentiles
-from awa_fast.bench.worker import KIND, QUEUE, read_trace
+from awa_fast.bench.worker import KIND, QUEUE, client_app, read_trace
 from awa_fast.progress import ProgressBar
 from awa_fast.storage import connect, probes
 
 if TYPE_CHECKING:
     from awa_fast.app import App
-
-
-def _client(dsn: str, schema: str) -> App:
-    from awa_fast.app import App
-
-    return App(dsn=dsn, schema=schema)
 
 
 def steady_producer(client: App, rate: float, seconds: float, sent: list[tuple[int, float]],
@@ -79,7 +73,7 @@ def _latency_run(args: argparse.Namespace, dsn: str, schema: str, srv: dict[str,
     trace_dir = tempfile.mkdtemp(prefix="awa-fast-bench-trace-")
     trace = os.path.join(trace_dir, "trace.bin")
     sup = bench_supervisor(dsn, schema, args.stripes, args.concurrency, args.batch, trace=trace)
-    client = _client(dsn, schema)
+    client = client_app(dsn, schema)
     sent: list[tuple[int, float]] = []
     cpu = CpuMeter(srv["postmaster_pid"])
     samples: list[dict[str, Any]] = []

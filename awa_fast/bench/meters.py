@@ -91,9 +91,11 @@ class CpuMeter:
         return {"t": time.perf_counter(), "groups": groups, "busy": busy, "total": total}
 
     def start(self) -> None:
+        """Take the first sample: the window starts now."""
         self._start = self._sample()
 
     def stop(self) -> dict[str, Any] | None:
+        """CPU seconds per group over the window since :meth:`start` (None if never started)."""
         if self._start is None:
             return None
         end = self._sample()
@@ -163,6 +165,7 @@ class RssSampler:
             k += 1
 
     def start(self) -> None:
+        """Take the first sample now and sample every ``every`` seconds on a thread."""
         self._t0 = time.monotonic()
         self._sample()
         self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)

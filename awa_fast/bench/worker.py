@@ -80,6 +80,13 @@ def build_app(schema: str = _DEFAULT_SCHEMA, trace: str | None = None) -> App:
     return bench_app
 
 
+def client_app(dsn: str, schema: str) -> App:
+    """An App for the bench's own producers (enqueue only) on ``schema``."""
+    from awa_fast.app import App
+
+    return App(dsn=dsn, schema=schema)
+
+
 _built: dict[str, App] = {}
 
 
