@@ -35,10 +35,10 @@ def enqueue_bulk(dsn: str, schema: str, kind: str, args: Iterable[Any], **kw: An
     try:
         conn = client._own_conn()  # noqa: SLF001 - reuse its connection to read the ids back
         before = {r[0] for r in sqlx_all(conn, schema, "SELECT DISTINCT job_id FROM __SCHEMA__.ready_entries "
-                                                   "WHERE kind = %s", (kind,))}
+                                                       "WHERE kind = %s", (kind,))}
         client.enqueue_many(kind, args, queue=kw.pop("queue", QUEUE), **kw)
         after = {r[0] for r in sqlx_all(conn, schema, "SELECT DISTINCT job_id FROM __SCHEMA__.ready_entries "
-                                                  "WHERE kind = %s", (kind,))}
+                                                      "WHERE kind = %s", (kind,))}
     finally:
         client.close()
     return sorted(after - before)
@@ -55,8 +55,8 @@ def enqueue_one(dsn: str, schema: str, kind: str, args: Any = None, **kw: Any) -
 def done_rows_by_job(conn: psycopg.Connection, schema: str) -> dict[int, list[tuple[int, int, int]]]:
     """job_id -> [(state, attempt, run_lease), ...] over done_entries."""
     out: dict[int, list[tuple[int, int, int]]] = {}
-    for job_id, state, attempt, lease in sqlx_all(conn, schema,
-                                              "SELECT job_id, state, attempt, run_lease FROM __SCHEMA__.done_entries"):
+    rows = sqlx_all(conn, schema, "SELECT job_id, state, attempt, run_lease FROM __SCHEMA__.done_entries")
+    for job_id, state, attempt, lease in rows:
         out.setdefault(int(job_id), []).append((int(state), int(attempt), int(lease)))
     return out
 

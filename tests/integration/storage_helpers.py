@@ -34,7 +34,7 @@ def wait_blocked(observer: psycopg.Connection, pid: int, locktype: str | None = 
                  timeout: float = 10.0) -> None:
     """Wait until backend ``pid`` waits on a lock (of ``locktype``), as pg_locks shows it."""
     wait_for(lambda: any(locktype is None or lt == locktype for lt, _ in lock_waiters(observer, pid)),
-               timeout, f"backend {pid} to wait on a {locktype or 'any'} lock")
+             timeout, f"backend {pid} to wait on a {locktype or 'any'} lock")
 
 
 def is_waiting(observer: psycopg.Connection, pid: int) -> bool:

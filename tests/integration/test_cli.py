@@ -198,7 +198,7 @@ def test_job_show_cancel_retry_json(pg_dsn, schema, storage, conn):
     res = _admin(pg_dsn, schema, "job", "retry", str(later), "--json")
     assert res.returncode == 0 and json.loads(res.stdout) == {"job_id": later, "result": "due now"}, res
     assert sqlx_all(conn, schema, "SELECT run_at <= now() FROM __SCHEMA__.deferred_jobs WHERE job_id = %s",
-                (later,)) == [(True,)]
+                    (later,)) == [(True,)]
 
     # Errors: one line, non-zero.
     line = _one_error_line(_admin(pg_dsn, schema, "job", "retry", str(ready), "--json"), code=2)

@@ -40,8 +40,8 @@ APP = "tests.integration.flow_apps:app"
 def runs(pg_dsn, schema, conn, monkeypatch):  # noqa: ANN001, ANN201
     """The handlers' run table, and the environment that points flow_apps at it."""
     sqlx_all(conn, schema, "CREATE TABLE __SCHEMA__.flow_runs (id bigserial PRIMARY KEY, job_id bigint NOT NULL, "
-                            "run_lease int NOT NULL, pid int NOT NULL, started_at timestamptz NOT NULL, "
-                            "ended_at timestamptz)")
+                           "run_lease int NOT NULL, pid int NOT NULL, started_at timestamptz NOT NULL, "
+                           "ended_at timestamptz)")
     monkeypatch.setenv("AWA_TEST_FLOW_DSN", pg_dsn)
     monkeypatch.setenv("AWA_TEST_FLOW_SCHEMA", schema)
     monkeypatch.setenv("AWA_TEST_FLOW_TABLE", f"{schema}.flow_runs")
@@ -88,7 +88,7 @@ def test_max_running_holds_across_three_supervisors(pg_dsn, schema, storage, con
         for s in sups:
             s.close()
     rows = sqlx_all(conn, schema, "SELECT job_id, pid, extract(epoch FROM started_at)::float8, "
-                                   "extract(epoch FROM ended_at)::float8 FROM __SCHEMA__.flow_runs")
+                                  "extract(epoch FROM ended_at)::float8 FROM __SCHEMA__.flow_runs")
     assert len(rows) == n and all(r[3] is not None for r in rows)
     assert len({r[0] for r in rows}) == n, "a job ran twice"
     overlap = max_overlap([(r[2], r[3]) for r in rows])
@@ -109,7 +109,7 @@ def test_rate_limit_holds_across_two_supervisors(pg_dsn, schema, storage, conn, 
     sups = _supervisors(pg_dsn, schema, tmp_path, 2, f"{Q}:stripes=2,concurrency=8")
     try:
         first = wait_for(lambda: sqlx_all(conn, schema, "SELECT min(extract(epoch FROM started_at))::float8 "
-                                                         "FROM __SCHEMA__.flow_runs")[0][0], 30, "a first start",
+                                                        "FROM __SCHEMA__.flow_runs")[0][0], 30, "a first start",
                          on_timeout=sups[0].tail)
         wait_for(lambda: sqlx_all(conn, schema, "SELECT extract(epoch FROM clock_timestamp())::float8")[0][0]
                  > first + seconds + 0.5, seconds + 10, "the measuring window", interval=0.2)

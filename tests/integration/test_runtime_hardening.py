@@ -368,7 +368,7 @@ def test_queues_have_a_one_hour_deadline_by_default(schema, storage, conn):
     Client(schema=schema).enqueue("k", {}, queue="auto", conn=conn)
     assert len(storage.lane_claim(conn, "auto", 1)) == 1
     [(gap,)] = sqlx_all(conn, schema, "SELECT extract(epoch FROM deadline_at - claimed_at)::float8 "
-                                  "FROM __SCHEMA__.lease_claims")
+                                      "FROM __SCHEMA__.lease_claims")
     assert gap == 3600.0
 
 
@@ -427,7 +427,7 @@ def test_an_unknown_kind_is_retried_with_backoff_until_a_worker_knows_it(pg_dsn,
             assert job["errors"][-1]["error"] == "no handler registered for kind 'hx.new_kind' in this worker"
         # backoff: attempt^4 + 15 s and more, measured by the database clock
         [(wait_s,)] = sqlx_all(conn, schema, "SELECT min(extract(epoch FROM run_at - now()))::float8 "
-                                         "FROM __SCHEMA__.deferred_jobs")
+                                             "FROM __SCHEMA__.deferred_jobs")
         assert wait_s > 5.0, wait_s
         # No attempts left: only then the DLQ.
         job = _state(storage, conn, last_try, "dlq", old)
