@@ -295,7 +295,9 @@ class Claimer:
                     backoff = min(backoff * 2, 5.0)
                     continue
                 self.count("claim_calls", 1)
-                if cfg.adaptive_batch:
+                if cfg.adaptive_batch and not (lane_busy and len(snaps) < want):
+                    # (a short claim that met another claimer on the lane head, or a producer
+                    # mid-reserve, says nothing about the backlog: keep the size)
                     size = next_claim_size(size, len(snaps), want, floor, cfg.claim_batch,
                                            self.executor.avg_handler_s, cfg.concurrency,
                                            starving=held_before < cfg.concurrency)
