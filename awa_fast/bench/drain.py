@@ -81,7 +81,8 @@ def bench_drain(args: argparse.Namespace, dsn: str, schema: str, srv: dict[str, 
     enqueue_s = time.perf_counter() - t0
     bar.close()
     client.close()
-    sup = bench_supervisor(dsn, schema, args.stripes, args.concurrency, args.batch)
+    sup = bench_supervisor(dsn, schema, args.stripes, args.concurrency, args.batch,
+                           metrics=getattr(args, "metrics", None))
     cpu = CpuMeter(srv["postmaster_pid"])
     first_claim: float | None = None
     try:

@@ -242,13 +242,18 @@ class SupervisorProcess:
 
 
 def bench_supervisor(dsn: str, schema: str, stripes: int, concurrency: int, batch: int,
-                     trace: str | None = None) -> SupervisorProcess:
-    """The bench's supervisor: :data:`~awa_fast.bench.worker.APP_REF` on the bench queue (not started)."""
+                     trace: str | None = None, metrics: str | None = None) -> SupervisorProcess:
+    """The bench's supervisor: :data:`~awa_fast.bench.worker.APP_REF` on the bench queue (not started).
+
+    ``trace``: the per-job trace file; ``metrics``: ``HOST:PORT`` where the
+    supervisor serves Prometheus ``/metrics`` (``supervise --metrics``).
+    """
     from awa_fast.bench.worker import APP_REF, QUEUE, TRACE_ENV
 
     env = {TRACE_ENV: trace} if trace else {}
     sup = SupervisorProcess(APP_REF, dsn, schema, queues=[f"{QUEUE}:stripes={stripes},concurrency={concurrency},"
-                                                           f"batch={batch}"], env=env)
+                                                           f"batch={batch}"],
+                            options=["--metrics", metrics] if metrics else [], env=env)
     if not trace:
         sup.env.pop(TRACE_ENV, None)
     return sup
