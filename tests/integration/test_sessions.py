@@ -11,7 +11,7 @@ import psycopg
 from awa_fast.client import Client
 from awa_fast.storage import Storage
 from awa_fast.storage.migrate import RingSizes, migrate
-from tests.integration.runtime_helpers import wait_for
+from tests.fixtures.waiting import wait_for
 
 
 def test_the_listen_channel_is_the_one_the_enqueue_functions_notify(pg_dsn, schema, storage, conn):
