@@ -20,7 +20,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any, Literal, TypeVar, overload
 
 import psycopg
@@ -36,7 +36,7 @@ from awa_fast.client import (
 )
 from awa_fast.errors import ConfigError, DatabaseUnavailable, JobNotCompleted, OutOfRange, UnknownJob
 from awa_fast.jobs import AttemptClosed, JobSpec
-from awa_fast.limits import KEEP, Rate
+from awa_fast.limits import KEEP, Rate, check_concurrency_key, check_key_max_running
 from awa_fast.records import JOB_STATES, DlqEntry, JobInfo, QueueSettings, flag, int_in, seconds
 from awa_fast.storage import connect, redact_dsn
 from awa_fast.unique import Unique
@@ -279,7 +279,8 @@ class App(Client):
 
     def job(self, kind: str, *, queue: str | None = None, priority: int = PRIORITY_DEFAULT,
             max_attempts: int = 25, args_type: type | None = None,
-            unique: Unique | bool | None = None, timeout: float | None = None) -> Callable[[F], F]:
+            unique: Unique | bool | None = None, timeout: float | None = None,
+            concurrency_key: Callable[[Any], str | None] | str | None = None) -> Callable[[F], F]:
         """Register ``def handler(job)`` or ``async def handler(job)`` for ``kind``.
 
         ``queue`` defaults to the app's ``default_queue`` (else ``default``).
@@ -289,9 +290,14 @@ class App(Client):
         ``timeout`` (seconds, finite, > 0, at most 10 years; None: none) bounds one attempt,
         counted from the handler's start: when it passes the attempt closes as a retry
         ("timed out after N s"), see ``docs/handlers.md``.
+        ``concurrency_key`` (a str, or ``lambda args: ...`` called with the args at each enqueue):
+        the kind's default key; with the queue's ``key_max_running`` at most that many jobs of one
+        key run at once (docs/flow-control.md).
         """
         validate_name("kind", kind)
         timeout = _validate_timeout(timeout)
+        if concurrency_key is not None and not callable(concurrency_key):
+            check_concurrency_key(concurrency_key)
         q = validate_name("queue", queue if queue is not None else self.default_queue)
         validate_priority(priority)
         validate_max_attempts(max_attempts)
@@ -302,6 +308,8 @@ class App(Client):
                 raise ConfigError(f"kind {kind!r} is registered twice; each kind has one handler")
             self.registry[kind] = JobSpec(kind, fn, q, priority, max_attempts,
                                           inspect.iscoroutinefunction(fn), args_type, timeout)
+            if concurrency_key is not None:
+                self.__dict__.setdefault("_key_defaults", {})[kind] = concurrency_key
             return fn
 
         return register
@@ -344,68 +352,103 @@ class App(Client):
     def enqueue(self, kind: str, args: Any = None, *, queue: str | None = None, priority: int | None = None,
                 max_attempts: int | None = None, metadata: Any = None, run_at: Any = None,
                 delay: float | None = None, conn: psycopg.Connection | None = None,
-                unique: Unique | bool | None = None) -> int:
+                unique: Unique | bool | None = None, concurrency_key: str | None = None) -> int:
         """Enqueue one job (defaults from the kind's registration); returns its id.
 
         ``args`` may be a dict, a ``msgspec.Struct``, a dataclass (datetime,
         UUID and Decimal fields encode as JSON strings); ``run_at`` (aware
-        datetime) or ``delay`` (seconds) schedules it.
+        datetime) or ``delay`` (seconds) schedules it. ``concurrency_key``
+        (default: the kind's, see :meth:`job`) limits how many jobs of one key run
+        at once on a queue with ``key_max_running``.
         """
         queue, priority, max_attempts = self._defaults(kind, queue, priority, max_attempts)
         return super().enqueue(kind, args, queue=queue, priority=priority, max_attempts=max_attempts,
                                metadata=metadata, run_at=run_at, delay=delay, conn=conn,
-                               unique=self._unique_for(kind, unique))
+                               unique=self._unique_for(kind, unique),
+                               concurrency_key=self._key_for(kind, args, concurrency_key))
 
     async def enqueue_async(self, kind: str, args: Any = None, *, conn: psycopg.AsyncConnection | None = None,
                             queue: str | None = None, priority: int | None = None,
                             max_attempts: int | None = None, metadata: Any = None, run_at: Any = None,
-                            delay: float | None = None, unique: Unique | bool | None = None) -> int:
+                            delay: float | None = None, unique: Unique | bool | None = None,
+                            concurrency_key: str | None = None) -> int:
         """Async twin of :meth:`enqueue`."""
         queue, priority, max_attempts = self._defaults(kind, queue, priority, max_attempts)
+        key = self._key_for(kind, args, concurrency_key)
         async with self._aconn_scope(conn) as c:
             return await super().enqueue_async(kind, args, conn=c, queue=queue, priority=priority,
                                                max_attempts=max_attempts, metadata=metadata, run_at=run_at,
-                                               delay=delay, unique=self._unique_for(kind, unique))
+                                               delay=delay, unique=self._unique_for(kind, unique),
+                                               concurrency_key=key)
 
     @overload
     def enqueue_many(self, kind: str, args_list: Any, *, queue: str | None = ..., priority: int | None = ...,
                      max_attempts: int | None = ..., metadata: Any = ..., conn: psycopg.Connection | None = ...,
                      chunk: int = ..., progress: Any = ..., return_ids: Literal[False] = ...,
-                     unique: Unique | bool | None = ...) -> int: ...
+                     unique: Unique | bool | None = ...,
+                     concurrency_key: str | Sequence[str | None] | None = ...) -> int: ...
 
     @overload
     def enqueue_many(self, kind: str, args_list: Any, *, queue: str | None = ..., priority: int | None = ...,
                      max_attempts: int | None = ..., metadata: Any = ..., conn: psycopg.Connection | None = ...,
                      chunk: int = ..., progress: Any = ..., return_ids: Literal[True],
-                     unique: Unique | bool | None = ...) -> list[int]: ...
+                     unique: Unique | bool | None = ...,
+                     concurrency_key: str | Sequence[str | None] | None = ...) -> list[int]: ...
 
     def enqueue_many(self, kind: str, args_list: Any, *, queue: str | None = None, priority: int | None = None,
                      max_attempts: int | None = None, metadata: Any = None,
                      conn: psycopg.Connection | None = None, chunk: int = 50_000, progress: Any = None,
-                     return_ids: bool = False, unique: Unique | bool | None = None) -> int | list[int]:
+                     return_ids: bool = False, unique: Unique | bool | None = None,
+                     concurrency_key: str | Sequence[str | None] | None = None) -> int | list[int]:
         """Bulk-enqueue by binary COPY (defaults from the kind's registration).
 
         Returns how many, or their ids in order with ``return_ids=True``. With
         ``unique=`` (or the kind's default) duplicates are skipped and the result
-        is a :class:`awa_fast.unique.UniqueManyResult`.
+        is a :class:`awa_fast.unique.UniqueManyResult`. ``concurrency_key``: one
+        str for all, or one key (or None) per job; default: the kind's, per job.
         """
         queue, priority, max_attempts = self._defaults(kind, queue, priority, max_attempts)
+        args_list, keys = self._keys_for_many(kind, args_list, concurrency_key)
         return super().enqueue_many(kind, args_list, queue=queue, priority=priority, max_attempts=max_attempts,
                                     metadata=metadata, conn=conn, chunk=chunk, progress=progress,
-                                    return_ids=return_ids, unique=self._unique_for(kind, unique))
+                                    return_ids=return_ids, unique=self._unique_for(kind, unique),
+                                    concurrency_key=keys)
 
     async def enqueue_many_async(self, kind: str, args_list: Any, *, conn: psycopg.AsyncConnection | None = None,
                                  queue: str | None = None, priority: int | None = None,
                                  max_attempts: int | None = None, metadata: Any = None, chunk: int = 50_000,
                                  progress: Any = None, return_ids: bool = False,
-                                 unique: Unique | bool | None = None) -> Any:
+                                 unique: Unique | bool | None = None,
+                                 concurrency_key: str | Sequence[str | None] | None = None) -> Any:
         """Async twin of :meth:`enqueue_many`."""
         queue, priority, max_attempts = self._defaults(kind, queue, priority, max_attempts)
+        args_list, keys = self._keys_for_many(kind, args_list, concurrency_key)
         async with self._aconn_scope(conn) as c:
             return await super().enqueue_many_async(kind, args_list, conn=c, queue=queue, priority=priority,
                                                     max_attempts=max_attempts, metadata=metadata, chunk=chunk,
                                                     progress=progress, return_ids=return_ids,
-                                                    unique=self._unique_for(kind, unique))
+                                                    unique=self._unique_for(kind, unique), concurrency_key=keys)
+
+    def _key_for(self, kind: str, args: Any, key: str | None) -> str | None:
+        # an explicit key wins; else the kind's (a str, or a callable of the args); no default: one dict probe
+        if key is not None:
+            return key
+        d = self.__dict__.get("_key_defaults")
+        default = d.get(kind) if d else None
+        if default is None:
+            return None
+        return _call_key(kind, default, args)
+
+    def _keys_for_many(self, kind: str, args_list: Any,
+                       key: str | Sequence[str | None] | None) -> tuple[Any, str | Sequence[str | None] | None]:
+        d = self.__dict__.get("_key_defaults")
+        default = d.get(kind) if d else None
+        if key is not None or default is None:
+            return args_list, key
+        if not callable(default):
+            return args_list, default
+        rows = list(args_list)
+        return rows, [_call_key(kind, default, a) for a in rows]
 
     # -- jobs -----------------------------------------------------------------------------
 
@@ -586,7 +629,7 @@ class App(Client):
                         dlq: bool | None = None, dlq_retention: float | None = None,
                         aging_interval: float | None = None, enqueue_shards: int | None = None,
                         history_retention: float | None = None, max_running: int | None = KEEP,
-                        max_rate: Rate | None = KEEP,
+                        max_rate: Rate | None = KEEP, key_max_running: int | None = KEEP,
                         conn: psycopg.Connection | None = None) -> QueueSettings:
         """Create or change a queue's settings; returns them as stored.
 
@@ -598,13 +641,19 @@ class App(Client):
         for the disk cost). ``max_running`` (jobs running at once over every
         worker) and ``max_rate`` (:class:`awa_fast.Rate`) are enforced in the
         claim, fleet-wide; None removes a limit (docs/flow-control.md).
+        ``key_max_running``: at most this many jobs of one ``concurrency_key`` run at once
+        (None removes it and lets the jobs waiting on a key run).
         """
         kw = self._settings_args(name, deadline, heartbeat_timeout, dlq, dlq_retention, aging_interval,
                                  enqueue_shards, history_retention)
+        if key_max_running is not KEEP:
+            check_key_max_running(key_max_running)
         with self._conn_scope(conn) as c, (c.transaction() if c.autocommit else contextlib.nullcontext()):
             self.storage.queue_configure(c, name, **kw)
             if max_running is not KEEP or max_rate is not KEEP:
                 self.storage.queue_limits_set(c, name, max_running=max_running, max_rate=max_rate)
+            if key_max_running is not KEEP:
+                self.storage.queue_key_limit_set(c, name, key_max_running)
             return QueueSettings.from_row(self.storage.queue_settings(c, name)[0])
 
     async def configure_queue_async(self, name: str, *, deadline: float | None = KEEP,
@@ -612,14 +661,19 @@ class App(Client):
                                     dlq_retention: float | None = None, aging_interval: float | None = None,
                                     enqueue_shards: int | None = None, history_retention: float | None = None,
                                     max_running: int | None = KEEP, max_rate: Rate | None = KEEP,
+                                    key_max_running: int | None = KEEP,
                                     conn: psycopg.AsyncConnection | None = None) -> QueueSettings:
         """Async twin of :meth:`configure_queue`."""
         kw = self._settings_args(name, deadline, heartbeat_timeout, dlq, dlq_retention, aging_interval,
                                  enqueue_shards, history_retention)
+        if key_max_running is not KEEP:
+            check_key_max_running(key_max_running)
         async with self._aconn_scope(conn) as c, (c.transaction() if c.autocommit else contextlib.nullcontext()):
             await self.storage.queue_configure_async(c, name, **kw)
             if max_running is not KEEP or max_rate is not KEEP:
                 await self.storage.queue_limits_set_async(c, name, max_running=max_running, max_rate=max_rate)
+            if key_max_running is not KEEP:
+                await self.storage.queue_key_limit_set_async(c, name, key_max_running)
             return QueueSettings.from_row((await self.storage.queue_settings_async(c, name))[0])
 
     @staticmethod
@@ -943,3 +997,14 @@ from typing import TYPE_CHECKING  # noqa: E402
 
 if TYPE_CHECKING:
     from awa_fast.worker import QueuesArg, WorkerSummary
+
+
+def _call_key(kind: str, default: Any, args: Any) -> str | None:
+    """The kind's default concurrency key for ``args`` (a str as it is, a callable called)."""
+    if not callable(default):
+        return default
+    try:
+        return default(args)
+    except Exception as exc:
+        raise ConfigError(f"the concurrency_key function of kind {kind!r} raised {type(exc).__name__}: {exc}; "
+                          "it is called with the job's args at enqueue and must return a str or None") from exc
