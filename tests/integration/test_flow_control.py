@@ -283,3 +283,49 @@ def test_async_twins_and_keep(pg_dsn, schema, storage, conn):
     assert status == {"a": {"max_running": 3, "rate": {"count": 5.0, "per": 2.0, "burst": 5.0}, "running": 0,
                             "tokens": 5.0}}
     assert storage.queue_limit_status(conn) == status
+
+
+def test_key_max_running_holds_across_three_supervisors(pg_dsn, schema, storage, conn, tmp_path, runs):
+    """200 keys, key_max_running=2, three supervisors: never more than 2 of a key at once, each job once."""
+    storage.queue_key_limit_set(conn, Q, 2)
+    n_keys, per_key = 200, 4
+    # in blocks of 8 keys, a block's jobs round by round (k0 k1 .. k7, k0 k1 .. k7, ...): a key's
+    # jobs sit 8 apart in the lane, so a claimer's batch hands them to different worker threads
+    # (consecutive jobs share a thread) and the limit binds; lengths vary from 5 to 45 ms
+    rows = [{"ms": 5 + (k * 7 + j * 13) % 41, "k": k, "j": j}
+            for b in range(0, n_keys, 8) for j in range(per_key) for k in range(b, b + 8)]
+    sups = _supervisors(pg_dsn, schema, tmp_path, 3, f"{Q}:stripes=2,concurrency=8")
+    try:
+        for s in sups:
+            s.wait_running(2)
+        client = Client(pg_dsn, schema)
+        try:
+            ids = client.enqueue_many("flow.work", rows, queue=Q, concurrency_key=[f"key:{r['k']}" for r in rows],
+                                      return_ids=True)
+        finally:
+            client.close()
+        key_of = {jid: r["k"] for jid, r in zip(ids, rows)}
+        n = len(rows)
+        wait_for(lambda: counts(storage, conn, Q).get("completed", 0) == n, 60, "every job completed",
+                 on_timeout=lambda: f"{counts(storage, conn, Q)} {storage.queue_key_status(conn)}\n{sups[0].tail()}")
+        for s in sups:
+            assert s.stop(30) == 0, s.tail()
+    finally:
+        for s in sups:
+            s.close()
+    got = sqlx_exec(conn, schema, "SELECT job_id, pid, extract(epoch FROM started_at)::float8, "
+                                  "extract(epoch FROM ended_at)::float8 FROM __SCHEMA__.flow_runs")
+    assert len(got) == n and all(r[3] is not None for r in got)
+    assert {r[0] for r in got} == set(ids), "a job ran twice or not at all"
+    per: dict[int, list[tuple[float, float]]] = {}
+    for job_id, _pid, start, end in got:
+        per.setdefault(key_of[job_id], []).append((start, end))
+    worst = max(max_overlap(v) for v in per.values())
+    assert worst <= 2, f"{worst} jobs of one key ran at once under key_max_running=2"
+    assert worst == 2, "no key ever had 2 running: the limit was not used"
+    assert max_overlap([(r[2], r[3]) for r in got]) > 2, "keys did not run side by side"
+    assert len({r[1] for r in got}) >= 3, "the work did not spread over the supervisors' claimers"
+    assert counts(storage, conn, Q) == {"completed": n}
+    done = done_rows_by_job(conn, schema)
+    assert all(len(v) == 1 for v in done.values()) and len(done) == n
+    assert storage.queue_key_status(conn)[Q]["waiting"] == 0
