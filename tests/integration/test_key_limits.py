@@ -174,3 +174,28 @@ def test_app_kind_key_function_and_configure(pg_dsn, schema, storage, conn):
         assert app.configure_queue(Q, key_max_running=None).key_max_running is None
     finally:
         app.close()
+
+
+def test_cli_configure_and_status_show_jobs_waiting_on_a_key(pg_dsn, schema, storage, conn, capsys, tmp_path):
+    import json
+
+    from awa_fast import cli
+
+    base = ["--dsn", pg_dsn, "--schema", schema, "--home", str(tmp_path)]
+    assert cli.main(["queue", "configure", Q, "--key-max-running", "3", "--json", *base]) == 0
+    assert json.loads(capsys.readouterr().out)["key_max_running"] == 3
+    client = Client(pg_dsn, schema)
+    client.enqueue_many("k.work", [{} for _ in range(5)], queue=Q, concurrency_key="A")
+    client.enqueue("k.work", {}, queue=Q, concurrency_key="B")
+    client.close()
+    assert cli.main(["status", "--json", *base]) == 0
+    assert json.loads(capsys.readouterr().out)["key_limits"][Q] == {
+        "key_max_running": 3, "waiting": 6, "keys_waiting": 2, "admitted": 0}
+    assert cli.main(["status", *base]) == 0
+    assert "key limit 3: 6 jobs waiting on 2 keys" in capsys.readouterr().out
+    assert cli.main(["queue", "configure", Q, "--key-max-running", "0", *base]) != 0
+    assert "key_max_running=0" in capsys.readouterr().err
+    assert cli.main(["queue", "configure", Q, "--key-max-running", "none", "--json", *base]) == 0
+    assert json.loads(capsys.readouterr().out)["key_max_running"] is None
+    assert storage.queue_key_status(conn) == {}
+    assert len(storage.lane_claim_result(conn, Q, 100)[0]) == 6
