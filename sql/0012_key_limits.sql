@@ -321,6 +321,29 @@ BEGIN
 END $$;
 
 ---------------------------------------------------------------------------
+-- Load, knowing key_waiting: a waiting job is 'available' (due: it runs
+-- once its key has room) or 'scheduled', with its concurrency_key;
+-- anything else is job_load_v2.
+---------------------------------------------------------------------------
+CREATE FUNCTION __SCHEMA__.job_load_keyed(p_job_id bigint) RETURNS jsonb
+LANGUAGE plpgsql STABLE
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    v jsonb;
+BEGIN
+    -- Index: key_waiting_job
+    SELECT jsonb_build_object('state', CASE WHEN w.run_at > now() THEN 'scheduled' ELSE 'available' END,
+        'job_id', w.job_id, 'queue', w.queue, 'kind', w.kind, 'priority', w.priority, 'args', w.args,
+        'metadata', w.metadata, 'attempt', 0, 'max_attempts', w.max_attempts, 'run_lease', 0, 'errors', NULL,
+        'run_at', w.run_at, 'created_at', w.created_at, 'progress', NULL, 'result', NULL,
+        'concurrency_key', w.ckey)
+    INTO v FROM __SCHEMA__.key_waiting w WHERE w.job_id = p_job_id;
+    IF v IS NOT NULL THEN RETURN v; END IF;
+    RETURN __SCHEMA__.job_load_v2(p_job_id);
+END $$;
+
+---------------------------------------------------------------------------
 -- Per queue with a key limit (or jobs waiting on a key): the limit, jobs
 -- waiting on a key, distinct keys waiting, jobs admitted (in the lane or
 -- running; a job that just finished counts until the next claim call).

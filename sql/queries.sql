@@ -73,8 +73,9 @@ SELECT __SCHEMA__.callback_resolve(%s::uuid, %s::text, %s::jsonb, %s::text)
 SELECT __SCHEMA__.job_cancel_keyed(%s::bigint)
 
 -- name: job_load
--- Find a job wherever it lives (JSON object or NULL), with its progress and result.
-SELECT __SCHEMA__.job_load_v2(%s::bigint)
+-- Find a job wherever it lives (JSON object or NULL), with its progress and result (waiting on its
+-- concurrency key too: job_load_keyed, migration 0012).
+SELECT __SCHEMA__.job_load_keyed(%s::bigint)
 
 -- name: deferred_promote
 -- Promote due deferred jobs into ready (index deferred_jobs_due).
@@ -139,8 +140,14 @@ DELETE FROM __SCHEMA__.dlq_entries WHERE queue = %s
 SELECT queue, depth FROM __SCHEMA__.queue_depth_fast()
 
 -- name: queue_counts_exact
--- Exact per-queue counts by state (scans live rings).
-SELECT queue, state, count FROM __SCHEMA__.queue_counts_exact()
+-- Exact per-queue counts by state (scans live rings); jobs waiting on their concurrency key count as
+-- available (due) or scheduled, as job_load_keyed shows them.
+SELECT queue, state, sum(count)::bigint FROM (
+    SELECT c.queue, c.state, c.count FROM __SCHEMA__.queue_counts_exact() c
+    UNION ALL
+    SELECT w.queue, CASE WHEN w.run_at > now() THEN 'scheduled' ELSE 'available' END, count(*)
+    FROM __SCHEMA__.key_waiting w GROUP BY 1, 2) x
+GROUP BY queue, state
 
 -- name: queue_ensure
 -- Register a queue (idempotent).
@@ -211,11 +218,11 @@ SELECT __SCHEMA__.ring_slot_empty(%s::text, %s::int)
 -- ---------------------------------------------------------------------------
 
 -- name: job_load_many
--- Jobs by id wherever they live (job_load_v2 each: with the stored result and the carried progress), in
+-- Jobs by id wherever they live (job_load_keyed each: job_load_v2 or waiting on a key; with the stored result and the carried progress), in
 -- the order given, with the flushed progress of an open attempt (attempt_state primary key (job_id, run_lease)).
 SELECT u.job_id, j.v, COALESCE(s.progress, j.v->'progress')
 FROM unnest(%s::bigint[]) WITH ORDINALITY AS u(job_id, n)
-CROSS JOIN LATERAL (SELECT __SCHEMA__.job_load_v2(u.job_id) AS v) j
+CROSS JOIN LATERAL (SELECT __SCHEMA__.job_load_keyed(u.job_id) AS v) j
 LEFT JOIN __SCHEMA__.attempt_state s
     ON s.job_id = u.job_id AND s.run_lease = (j.v->>'run_lease')::int
    AND j.v->>'state' IN ('running', 'waiting_external')
@@ -348,6 +355,9 @@ SELECT EXISTS (
                         AND x.job_id = u.j AND x.run_lease = u.rl)
 ) OR EXISTS (
     SELECT 1 FROM __SCHEMA__.deferred_jobs d WHERE d.run_at <= now() AND d.queue = ANY(%(queues)s::text[])
+) OR EXISTS (
+    -- due jobs waiting on their concurrency key (migration 0012; key_waiting primary key)
+    SELECT 1 FROM __SCHEMA__.key_waiting w WHERE w.queue = ANY(%(queues)s::text[]) AND w.run_at <= now()
 )
 
 -- name: job_pending_list

@@ -1586,6 +1586,26 @@ BEGIN
         'errors', r.errors, 'created_at', r.created_at);
 END $function$;
 
+CREATE OR REPLACE FUNCTION __SCHEMA__.job_load_keyed(p_job_id bigint)
+ RETURNS jsonb
+ LANGUAGE plpgsql
+ STABLE
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $function$
+DECLARE
+    v jsonb;
+BEGIN
+    -- Index: key_waiting_job
+    SELECT jsonb_build_object('state', CASE WHEN w.run_at > now() THEN 'scheduled' ELSE 'available' END,
+        'job_id', w.job_id, 'queue', w.queue, 'kind', w.kind, 'priority', w.priority, 'args', w.args,
+        'metadata', w.metadata, 'attempt', 0, 'max_attempts', w.max_attempts, 'run_lease', 0, 'errors', NULL,
+        'run_at', w.run_at, 'created_at', w.created_at, 'progress', NULL, 'result', NULL,
+        'concurrency_key', w.ckey)
+    INTO v FROM __SCHEMA__.key_waiting w WHERE w.job_id = p_job_id;
+    IF v IS NOT NULL THEN RETURN v; END IF;
+    RETURN __SCHEMA__.job_load_v2(p_job_id);
+END $function$;
+
 CREATE OR REPLACE FUNCTION __SCHEMA__.job_load_v2(p_job_id bigint)
  RETURNS jsonb
  LANGUAGE plpgsql

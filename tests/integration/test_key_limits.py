@@ -163,11 +163,17 @@ def test_app_kind_key_function_and_configure(pg_dsn, schema, storage, conn):
 
         settings = app.configure_queue(Q, key_max_running=1)
         assert settings.key_max_running == 1
-        app.enqueue("k.sync", {"customer": 1})
+        first = app.enqueue("k.sync", {"customer": 1})
         app.enqueue_many("k.sync", [{"customer": 1}, {"customer": 2}, {"customer": 2}])
         app.enqueue("k.sync", {"customer": 3}, concurrency_key="override")
         st = storage.queue_key_status(conn)[Q]
         assert (st["waiting"], st["keys_waiting"]) == (5, 3)
+        # a waiting job is visible: available (it runs once its key has room), counted, and
+        # keeps an until_empty worker from stopping
+        info = app.get_job(first)
+        assert info is not None and info.state == "available" and info.args == {"customer": 1}
+        assert app.counts(Q)[Q]["available"] == 5
+        assert storage.queue_work_exists(conn, [Q])
         got, _ = _claim(storage, conn)
         assert _keys(conn, schema, got) == Counter({"customer:1": 1, "customer:2": 1, "override": 1})
         assert app.queue_settings(Q).key_max_running == 1
