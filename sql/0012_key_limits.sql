@@ -51,6 +51,7 @@ CREATE TABLE __SCHEMA__.key_admits (
     queue        text        NOT NULL,
     ckey         text        NOT NULL,
     job_id       bigint      NOT NULL,
+    ready_slot   smallint    NOT NULL,  -- where its done row goes unless it moves (retry, rescue)
     admitted_at  timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (queue, ckey, job_id)
 );
@@ -170,16 +171,31 @@ CREATE FUNCTION __SCHEMA__.key_admit(p_queue text, p_kmax int) RETURNS int
 LANGUAGE plpgsql AS $$
 DECLARE
     v_jobs bigint[]; v_prios smallint[]; v_seqs bigint[]; v_kinds text[]; v_args jsonb[]; v_metas jsonb[];
-    v_maxs smallint[]; v_created timestamptz[];
+    v_maxs smallint[]; v_created timestamptz[]; v_ckeys text[];
     v_prio smallint;
     v_cnt int;
     v_rng record;
+    v_phase int;
 BEGIN
-    -- Index: key_admits primary key (queue, ...); done_entries_job; dlq_entries primary key
+    -- Index: key_admits primary key (queue, ...); done_entries_job; dlq_entries primary key.
+    -- The done row of a job that ran from its admitted ready row is in that row's ready slot:
+    -- one partition probed (run-time pruning). A job that moved (retried, snoozed, rescued)
+    -- ends elsewhere: every partition is probed for an eighth of the admissions per call
+    -- (job_id mod 8 against a random phase), so its slot frees a few claim calls late at most.
+    -- An admission older than 5 minutes whose job is nowhere live any more (its terminal row
+    -- pruned with its ready slot while no claim ran) is retired too: a key never stays full
+    -- of jobs that ended (ready_entries_job, deferred_jobs primary key, leases_job).
+    v_phase := floor(random() * 8)::int;
     DELETE FROM __SCHEMA__.key_admits a
     WHERE a.queue = p_queue
-      AND (EXISTS (SELECT 1 FROM __SCHEMA__.done_entries x WHERE x.job_id = a.job_id)
-           OR EXISTS (SELECT 1 FROM __SCHEMA__.dlq_entries x WHERE x.job_id = a.job_id));
+      AND (EXISTS (SELECT 1 FROM __SCHEMA__.done_entries x WHERE x.ready_slot = a.ready_slot AND x.job_id = a.job_id)
+           OR EXISTS (SELECT 1 FROM __SCHEMA__.dlq_entries x WHERE x.job_id = a.job_id)
+           OR (a.job_id % 8 = v_phase
+               AND EXISTS (SELECT 1 FROM __SCHEMA__.done_entries x WHERE x.job_id = a.job_id))
+           OR (a.admitted_at < now() - interval '5 minutes'
+               AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.ready_entries x WHERE x.job_id = a.job_id)
+               AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.deferred_jobs x WHERE x.job_id = a.job_id)
+               AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.leases x WHERE x.job_id = a.job_id)));
     WITH RECURSIVE keys AS (
         (SELECT w.ckey FROM __SCHEMA__.key_waiting w WHERE w.queue = p_queue ORDER BY w.ckey LIMIT 1)
         UNION ALL
@@ -199,16 +215,13 @@ BEGIN
         DELETE FROM __SCHEMA__.key_waiting w USING pick p
         WHERE w.queue = p_queue AND w.ckey = p.ckey AND w.seq = p.seq
         RETURNING w.*
-    ), adm AS (
-        INSERT INTO __SCHEMA__.key_admits (queue, ckey, job_id)
-        SELECT g.queue, g.ckey, g.job_id FROM gone g WHERE p_kmax IS NOT NULL
-        RETURNING 1
     )
     SELECT array_agg(g.job_id ORDER BY g.priority, g.seq), array_agg(g.priority ORDER BY g.priority, g.seq),
            array_agg(g.seq ORDER BY g.priority, g.seq), array_agg(g.kind ORDER BY g.priority, g.seq),
            array_agg(g.args ORDER BY g.priority, g.seq), array_agg(g.metadata ORDER BY g.priority, g.seq),
-           array_agg(g.max_attempts ORDER BY g.priority, g.seq), array_agg(g.created_at ORDER BY g.priority, g.seq)
-    INTO v_jobs, v_prios, v_seqs, v_kinds, v_args, v_metas, v_maxs, v_created
+           array_agg(g.max_attempts ORDER BY g.priority, g.seq), array_agg(g.created_at ORDER BY g.priority, g.seq),
+           array_agg(g.ckey ORDER BY g.priority, g.seq)
+    INTO v_jobs, v_prios, v_seqs, v_kinds, v_args, v_metas, v_maxs, v_created, v_ckeys
     FROM gone g;
     IF v_jobs IS NULL THEN
         RETURN 0;
@@ -221,6 +234,11 @@ BEGIN
             u.j, u.k, u.a, u.m, 0, u.x, 0, u.c
         FROM unnest(v_jobs, v_prios, v_seqs, v_kinds, v_args, v_metas, v_maxs, v_created) AS u(j, p, s, k, a, m, x, c)
         WHERE u.p = v_prio;
+        IF p_kmax IS NOT NULL THEN
+            INSERT INTO __SCHEMA__.key_admits (queue, ckey, job_id, ready_slot)
+            SELECT p_queue, u.ck, u.j, v_rng.ready_slot
+            FROM unnest(v_jobs, v_prios, v_ckeys) AS u(j, p, ck) WHERE u.p = v_prio;
+        END IF;
     END LOOP;
     RETURN cardinality(v_jobs);
 END $$;

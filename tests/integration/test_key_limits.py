@@ -86,6 +86,19 @@ def test_retry_keeps_the_slot_and_rescue_reruns_in_it(pg_dsn, schema, storage, c
     storage.receipt_complete_rows(conn, rerun)
     nxt, _ = _claim(storage, conn)
     assert [s.job_id for s in nxt] == ids[2:4]
+    # a job that moved to another ready slot (retried after a rotation) ends there: its slot
+    # still frees, found by the every-partition probe that covers an eighth of the admissions per call
+    assert storage.attempt_close(conn, [(nxt[0], 4, 0.0, "again")])
+    assert storage.ring_rotate(conn, "ready") is not None
+    assert storage.deferred_promote(conn) == 1
+    moved, _ = _claim(storage, conn)
+    assert [s.job_id for s in moved] == [ids[2]] and moved[0].ready_slot != nxt[0].ready_slot
+    storage.receipt_complete_rows(conn, moved)
+    for _ in range(200):
+        freed, _ = _claim(storage, conn)
+        if freed:
+            break
+    assert [s.job_id for s in freed] == [ids[4]]
 
 
 def test_hot_key_does_not_delay_a_cold_key(pg_dsn, schema, storage, conn):
