@@ -5,6 +5,7 @@ saturated key's backlog in front of another key's job."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections import Counter
 
@@ -118,6 +119,10 @@ def test_hot_key_does_not_delay_a_cold_key(pg_dsn, schema, storage, conn):
     lane_rows = sqlx(conn, schema, "SELECT count(*) FROM __SCHEMA__.ready_entries")[0][0]
     assert lane_rows == 3
     assert took < 1.0, f"one claim call took {took:.3f}s with 10,000 jobs waiting on a hot key"
+    # and admission does not read the hot backlog: a few buffers, not the 10,000 waiting rows
+    plan = sqlx(conn, schema, "EXPLAIN (ANALYZE, BUFFERS) SELECT __SCHEMA__.key_admit(%s, 2)", (Q,))
+    buffers = sum(int(m) for line, in plan for m in re.findall(r"shared hit=(\d+)", line)[:1])
+    assert buffers < 1000, f"admission read {buffers} buffers with 10,000 jobs waiting on one key"
 
 
 def test_without_a_key_limit_keys_cost_nothing_and_removal_releases(pg_dsn, schema, storage, conn):
