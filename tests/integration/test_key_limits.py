@@ -223,3 +223,22 @@ def test_cli_configure_and_status_show_jobs_waiting_on_a_key(pg_dsn, schema, sto
     assert json.loads(capsys.readouterr().out)["key_max_running"] is None
     assert storage.queue_key_status(conn) == {}
     assert len(storage.lane_claim_result(conn, Q, 100)[0]) == 6
+
+
+def test_metrics_export_jobs_waiting_on_a_key(pg_dsn, schema, storage, conn):
+    from awa_fast.metrics import StorageGauges, _storage_metrics
+
+    storage.queue_key_limit_set(conn, Q, 1)
+    client = Client(pg_dsn, schema)
+    client.enqueue_many("k.work", [{} for _ in range(4)], queue=Q, concurrency_key="A")
+    client.close()
+    gauges = StorageGauges(pg_dsn, schema)
+    gauges.refresh_once()
+    assert gauges.error is None, gauges.error
+    fams = {f.name: f for f in _storage_metrics(gauges)}
+    samples = {s.labels["queue"]: s.value for s in fams["awa_fast_key_waiting_jobs"].samples}
+    assert samples == {Q: 4.0}
+    _claim(storage, conn)
+    gauges.refresh_once()
+    fams = {f.name: f for f in _storage_metrics(gauges)}
+    assert {s.labels["queue"]: s.value for s in fams["awa_fast_key_waiting_jobs"].samples} == {Q: 3.0}
