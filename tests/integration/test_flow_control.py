@@ -309,7 +309,7 @@ def test_key_max_running_holds_across_three_supervisors(pg_dsn, schema, storage,
     finally:
         for s in sups:
             s.close()
-    got = sqlx_exec(conn, schema, "SELECT job_id, pid, extract(epoch FROM started_at)::float8, "
+    got = sqlx_all(conn, schema, "SELECT job_id, pid, extract(epoch FROM started_at)::float8, "
                                   "extract(epoch FROM ended_at)::float8 FROM __SCHEMA__.flow_runs")
     assert len(got) == n and all(r[3] is not None for r in got)
     assert {r[0] for r in got} == set(ids), "a job ran twice or not at all"
@@ -339,16 +339,16 @@ def test_hot_key_backlog_does_not_delay_a_cold_key_under_supervisors(pg_dsn, sch
         try:
             for s in sups:
                 s.wait_running(1)
-            wait_for(lambda: sqlx_exec(conn, schema, "SELECT count(*) FROM __SCHEMA__.flow_runs")[0][0] >= 10, 30,
+            wait_for(lambda: sqlx_all(conn, schema, "SELECT count(*) FROM __SCHEMA__.flow_runs")[0][0] >= 10, 30,
                      "the hot key running", on_timeout=sups[0].tail)
             with conn.transaction():
                 cold = client.enqueue("flow.work", {"ms": 1}, queue=Q, concurrency_key="cold", conn=conn)
-                enqueued_at = sqlx_exec(conn, schema, "SELECT extract(epoch FROM clock_timestamp())::float8")[0][0]
+                enqueued_at = sqlx_all(conn, schema, "SELECT extract(epoch FROM clock_timestamp())::float8")[0][0]
             # the receipt first: the claim ring rotates fast and its pruning drops closed receipts
-            claimed_at = wait_for(lambda: sqlx_exec(conn, schema, "SELECT extract(epoch FROM claimed_at)::float8 "
+            claimed_at = wait_for(lambda: sqlx_all(conn, schema, "SELECT extract(epoch FROM claimed_at)::float8 "
                                                                   "FROM __SCHEMA__.lease_claims WHERE %s = ANY(job_ids)",
                                                     (cold,)), 30, "the cold job's claim", on_timeout=sups[0].tail)[0][0]
-            started = wait_for(lambda: sqlx_exec(conn, schema, "SELECT extract(epoch FROM started_at)::float8 "
+            started = wait_for(lambda: sqlx_all(conn, schema, "SELECT extract(epoch FROM started_at)::float8 "
                                                                "FROM __SCHEMA__.flow_runs WHERE job_id = %s",
                                                  (cold,)), 30, "the cold job's start", on_timeout=sups[0].tail)
             waiting = storage.queue_key_status(conn)[Q]["waiting"]
@@ -367,6 +367,6 @@ def test_hot_key_backlog_does_not_delay_a_cold_key_under_supervisors(pg_dsn, sch
     assert claim_latency < 0.5, f"the cold key's job was claimed {claim_latency:.3f}s after its enqueue"
     assert latency < 1.5, f"the cold key's job started {latency:.3f}s after its enqueue"
     assert waiting > 9_000, "the hot backlog drained: the test measured nothing"
-    hot = sqlx_exec(conn, schema, "SELECT extract(epoch FROM started_at)::float8, extract(epoch FROM ended_at)::float8 "
+    hot = sqlx_all(conn, schema, "SELECT extract(epoch FROM started_at)::float8, extract(epoch FROM ended_at)::float8 "
                                   "FROM __SCHEMA__.flow_runs WHERE job_id <> %s AND ended_at IS NOT NULL", (cold,))
     assert max_overlap([(a, b) for a, b in hot]) <= 2

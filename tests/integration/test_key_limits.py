@@ -15,7 +15,8 @@ from awa_fast.app import App
 from awa_fast.client import Client
 from awa_fast.errors import ConfigError, InvalidName
 from awa_fast.limits import LimitWatch
-from tests.integration.runtime_helpers import counts, sqlx
+from tests.fixtures.database import sqlx_all as sqlx
+from tests.integration.runtime_helpers import counts
 
 pytestmark = pytest.mark.integration
 
