@@ -411,9 +411,13 @@ class Storage:
         """Delete attempt_state rows of attempts that ended; returns how many."""
         return self._scalar_int(conn, "attempt_state_sweep", ())
 
-    def ring_rotate(self, conn: psycopg.Connection, ring: str) -> int | None:
-        """Rotate ``ring`` (ready, claim or lease); the new slot, or None if the next is not free."""
-        row = conn.execute(self.q["ring_rotate"], (ring,)).fetchone()
+    def ring_rotate(self, conn: psycopg.Connection, ring: str, lock_timeout_ms: int = 50) -> int | None:
+        """Rotate ``ring`` (ready, claim or lease); the new slot, or None if the next is not free.
+
+        The rotation ledger is trimmed by TRUNCATE of a span child, waiting
+        at most ``lock_timeout_ms`` for readers of it (skipped when busy).
+        """
+        row = conn.execute(self.q["ring_rotate"], (ring, f"{int(lock_timeout_ms)}ms")).fetchone()
         return None if row is None or row[0] is None else int(row[0])
 
     def ring_slot_empty(self, conn: psycopg.Connection, ring: str, slot: int) -> bool:
