@@ -29,6 +29,10 @@
 -- short lock_timeout (the caller's, 1 ms .. 5 s, as ring_prune), and answer
 -- NULL (as for a full ring) when it cannot get it, until it can.
 --
+-- Also: queue_terminal_rollups (one UPDATE per queue and state per ready
+-- prune) gets an autovacuum threshold of 4 dead tuples, so what a pinned
+-- reader left there is reclaimed once it ends (see the end of this file).
+--
 -- Compatibility: the previous runtime keeps working. Its named queries read
 -- ring_rotations by the same columns; its ring_rotate (kept, unchanged)
 -- still inserts (routed to the right child) and trims with DELETE. New
@@ -171,3 +175,13 @@ BEGIN
     END IF;
     RETURN v_next;
 END $$;
+
+-- The other write a rotation makes: ready prune folds the truncated slot's
+-- terminal counts into queue_terminal_rollups (one UPDATE per queue and
+-- state per pruned ready slot; a running total, so it stays a mutable row,
+-- DESIGN.md section 7). Its few dead tuples never reach autovacuum's default
+-- threshold (50 + 20%), so after a pinned reader ends they stayed (31 of the
+-- 32 left 60 s after the reader, measured). Vacuum it from the first dead
+-- tuples on: the table holds one row per queue and state, a pass is cheap.
+ALTER TABLE __SCHEMA__.queue_terminal_rollups
+    SET (autovacuum_vacuum_threshold = 4, autovacuum_vacuum_scale_factor = 0);

@@ -291,7 +291,7 @@ CREATE TABLE __SCHEMA__.queue_terminal_rollups (
     state smallint NOT NULL,
     count bigint NOT NULL,
     CONSTRAINT queue_terminal_rollups_pkey PRIMARY KEY (queue, state)
-);
+) WITH (autovacuum_vacuum_threshold=4, autovacuum_vacuum_scale_factor=0);
 
 CREATE TABLE __SCHEMA__.ready_entries (
     ready_slot smallint NOT NULL,
