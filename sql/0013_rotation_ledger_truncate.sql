@@ -39,8 +39,10 @@
 -- names: ring_rotate_v2 (SECURITY DEFINER: the runtime role has no TRUNCATE
 -- privilege, as for ring_prune). ring_current keeps its name and contract
 -- (the current slot of a ring) with a body-only change: one static query per
--- ring, so its cached plan is pruned to that ring's two children at plan
--- time instead of locking all six at each call (docs/storage.md, rule 3).
+-- ring over that ring's two leaves, so a call locks two tables and their
+-- keys (the old ledger: one and its key), not the ten tables and six keys
+-- a generic plan over the parent would lock at every call (docs/storage.md,
+-- rule 3).
 
 -- Two-level partitioned ledger. The partition key of the second level is an
 -- expression, so the primary key lives on each leaf: (ring, generation) is
@@ -82,21 +84,29 @@ COMMENT ON TABLE __SCHEMA__.ring_rotations IS
     'Partitioned by ring, then by (generation / 256) % 2; ring_rotate_v2 truncates the older span''s child, '
     'nothing is updated or deleted.';
 
--- Body-only change (same argument, same result): one static query per ring,
--- pruned to that ring's two children when the plan is made.
--- Index: the leaves' primary keys (ring, generation), read backwards.
+-- Body-only change (same argument, same result): one static query per
+-- ring that reads that ring's two leaves directly (not through the
+-- partitioned parents), so a call locks two small tables and their primary
+-- keys, as the single unpartitioned ledger did with its one table and key.
+-- Index: each leaf's primary key (ring, generation), read backwards.
 CREATE OR REPLACE FUNCTION __SCHEMA__.ring_current(p_ring text) RETURNS int
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
     IF p_ring = 'claim' THEN
-        RETURN (SELECT slot FROM __SCHEMA__.ring_rotations
-                WHERE ring = 'claim' ORDER BY generation DESC LIMIT 1);
+        RETURN (SELECT x.slot FROM (SELECT slot, generation FROM __SCHEMA__.ring_rotations_claim_0
+                                    UNION ALL
+                                    SELECT slot, generation FROM __SCHEMA__.ring_rotations_claim_1) x
+                ORDER BY x.generation DESC LIMIT 1);
     ELSIF p_ring = 'ready' THEN
-        RETURN (SELECT slot FROM __SCHEMA__.ring_rotations
-                WHERE ring = 'ready' ORDER BY generation DESC LIMIT 1);
+        RETURN (SELECT x.slot FROM (SELECT slot, generation FROM __SCHEMA__.ring_rotations_ready_0
+                                    UNION ALL
+                                    SELECT slot, generation FROM __SCHEMA__.ring_rotations_ready_1) x
+                ORDER BY x.generation DESC LIMIT 1);
     ELSIF p_ring = 'lease' THEN
-        RETURN (SELECT slot FROM __SCHEMA__.ring_rotations
-                WHERE ring = 'lease' ORDER BY generation DESC LIMIT 1);
+        RETURN (SELECT x.slot FROM (SELECT slot, generation FROM __SCHEMA__.ring_rotations_lease_0
+                                    UNION ALL
+                                    SELECT slot, generation FROM __SCHEMA__.ring_rotations_lease_1) x
+                ORDER BY x.generation DESC LIMIT 1);
     END IF;
     RETURN NULL;
 END $$;

@@ -2321,14 +2321,20 @@ CREATE OR REPLACE FUNCTION __SCHEMA__.ring_current(p_ring text)
 AS $function$
 BEGIN
     IF p_ring = 'claim' THEN
-        RETURN (SELECT slot FROM __SCHEMA__.ring_rotations
-                WHERE ring = 'claim' ORDER BY generation DESC LIMIT 1);
+        RETURN (SELECT x.slot FROM (SELECT slot, generation FROM __SCHEMA__.ring_rotations_claim_0
+                                    UNION ALL
+                                    SELECT slot, generation FROM __SCHEMA__.ring_rotations_claim_1) x
+                ORDER BY x.generation DESC LIMIT 1);
     ELSIF p_ring = 'ready' THEN
-        RETURN (SELECT slot FROM __SCHEMA__.ring_rotations
-                WHERE ring = 'ready' ORDER BY generation DESC LIMIT 1);
+        RETURN (SELECT x.slot FROM (SELECT slot, generation FROM __SCHEMA__.ring_rotations_ready_0
+                                    UNION ALL
+                                    SELECT slot, generation FROM __SCHEMA__.ring_rotations_ready_1) x
+                ORDER BY x.generation DESC LIMIT 1);
     ELSIF p_ring = 'lease' THEN
-        RETURN (SELECT slot FROM __SCHEMA__.ring_rotations
-                WHERE ring = 'lease' ORDER BY generation DESC LIMIT 1);
+        RETURN (SELECT x.slot FROM (SELECT slot, generation FROM __SCHEMA__.ring_rotations_lease_0
+                                    UNION ALL
+                                    SELECT slot, generation FROM __SCHEMA__.ring_rotations_lease_1) x
+                ORDER BY x.generation DESC LIMIT 1);
     END IF;
     RETURN NULL;
 END $function$;
