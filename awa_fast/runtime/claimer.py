@@ -44,7 +44,7 @@ from awa_fast.runtime.listener import Listener, ListenerConfig
 from awa_fast.runtime.watchdog import IoGuard, Watchdog, WatchdogConfig
 from awa_fast.storage import CLOSE_CANCEL, CLOSE_FAIL, CLOSE_RETRY, CLOSE_SNOOZE, Storage, close_quietly, connect, use_raw_jsonb
 
-__all__ = ["Claimer", "ClaimerConfig", "claimer_main", "die_with_parent", "error_text", "failure_text",
+__all__ = ["LOCAL_WORK_S", "Claimer", "ClaimerConfig", "next_claim_size", "claimer_main", "die_with_parent", "error_text", "failure_text",
            "next_busy_pause", "timeout_text"]
 
 log = logging.getLogger("awa_fast.claimer")
@@ -62,6 +62,14 @@ _BUSY_PAUSE_FIRST = 0.002
 _BUSY_PAUSE_MAX = 0.02
 
 
+_WAITING_EVERY_S = 0.1
+
+
+def _no_samples() -> dict[str, list[float]]:
+    return {"pickup": [], "e2e": [], "handler": [], "flush_jobs": [], "flush_seconds": [], "claim_jobs": [],
+            "claim_seconds": []}
+
+
 def next_busy_pause(pause: float) -> float:
     """The pause after ``pause`` when the lane is still busy: doubling, at most 20 ms.
 
@@ -71,6 +79,34 @@ def next_busy_pause(pause: float) -> float:
     At the cap a holder stuck for good costs 50 empty claims a second.
     """
     return min(pause * 2.0, _BUSY_PAUSE_MAX)
+
+
+#: Work an adaptive claimer may hold locally beyond its running handlers, in seconds of
+#: handler time at the measured rate: enough to keep fast handlers fed between claims,
+#: too little for slow ones to hoard jobs another claimer could run.
+LOCAL_WORK_S = 0.1
+
+
+def next_claim_size(size: int, got: int, asked: int, floor: int, ceiling: int,
+                    avg_handler_s: float | None, concurrency: int, starving: bool = False) -> int:
+    """The next claim size of an adaptive claimer, from what the last claim returned.
+
+    A full claim (``got == asked``) doubles it, up to ``ceiling`` and to the jobs
+    ``concurrency`` handlers finish in :data:`LOCAL_WORK_S` at the measured
+    handler time; with no measure yet (async handlers) it grows only when the
+    handlers were ``starving`` (fewer jobs held than ``concurrency`` when the
+    claim was made). A claim that came back less than half full halves it, down
+    to ``floor``. An idle queue so claims what its NOTIFYs bring at the floor
+    size, and a deep backlog of fast handlers reaches ``ceiling`` in a few claims.
+    """
+    if got >= asked > 0:
+        if avg_handler_s is None:
+            return min(size * 2, ceiling) if starving else size
+        cap = max(floor, int(concurrency * LOCAL_WORK_S / max(avg_handler_s, 1e-9)))
+        return max(floor, min(size * 2, ceiling, cap))
+    if got * 2 < asked:
+        return max(floor, size // 2)
+    return size
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +130,9 @@ class ClaimerConfig:
     # turns the hang into an error the loops already recover from.
     io_timeout: float = 10.0  # the LISTEN connection is pinged every io_timeout / 2
     max_progress_bytes: int = MAX_PROGRESS_BYTES  # encoded size limit of one job.set_progress() value
+    # True: claim_batch is a ceiling; claims start at max(16, concurrency) and grow while they
+    # come back full (see next_claim_size). False: every claim asks for up to claim_batch.
+    adaptive_batch: bool = False
 
 
 
@@ -156,8 +195,10 @@ class Claimer:
         self._clock_measured = 0.0
         self.stats = {"claimed": 0, "completed": 0, "retried": 0, "failed": 0, "cancelled": 0,
                       "snoozed": 0, "stale": 0, "claim_calls": 0, "empty_claims": 0, "batches": 0}
-        self._pickup: list[float] = []
-        self._e2e: list[float] = []
+        self._samples = _no_samples()  # histogram samples until the next publish (see runtime.shm.HISTOGRAMS)
+        self._heartbeat_failures_published = 0
+        self._waiting = 0  # the waiting gauge as last computed, and when (monotonic)
+        self._waiting_at = -1e9
         self._stats_lock = threading.Lock()  # claim loop and batcher thread both count
 
     # -- lifecycle --------------------------------------------------------------------
@@ -184,8 +225,8 @@ class Claimer:
         if self.listener is not None:
             self.listener.start()
         self._set_state("running")
-        log.info("claimer %s#%d running (concurrency %d, batch %d)", cfg.queue, cfg.stripe, cfg.concurrency,
-                 cfg.claim_batch, extra={"action": "claimer_start"})
+        log.info("claimer %s#%d running (concurrency %d, batch %s%d)", cfg.queue, cfg.stripe, cfg.concurrency,
+                 "adaptive up to " if cfg.adaptive_batch else "", cfg.claim_batch, extra={"action": "claimer_start"})
         try:
             self._claim_loop()
         finally:
@@ -233,20 +274,23 @@ class Claimer:
     def _claim_loop(self) -> None:
         cfg = self.config
         backoff = 0.05
-        # Running handlers plus up to one claim batch buffered locally.
-        target = cfg.concurrency + cfg.claim_batch
+        floor = min(cfg.claim_batch, max(16, cfg.concurrency))
+        size = floor if cfg.adaptive_batch else cfg.claim_batch  # the most the next claim asks for
         busy_pause = _BUSY_PAUSE_FIRST
         while not self._stopping.is_set():
             self._wake.clear()
-            free = target - self._outstanding
-            if free >= min(cfg.claim_batch, 32) or (free > 0 and self._outstanding < cfg.concurrency):
+            # Running handlers plus up to one claim buffered locally.
+            free = cfg.concurrency + size - self._outstanding
+            if free >= min(size, 32) or (free > 0 and self._outstanding < cfg.concurrency):
                 try:
                     conn = self._claim_connection()
                     if time.monotonic() - self._clock_measured > 300.0:
                         self._measure_clock_offset()
-                    want = min(free, cfg.claim_batch)
+                    want = min(free, size)
+                    held_before = self._outstanding
                     self._backlog_maybe = True
                     self._claim_guard.begin(conn)
+                    claim_t0 = time.monotonic()
                     try:
                         snaps, lane_busy = self.limits.claim_call(conn)(conn, cfg.queue, want, cfg.stripe,
                                                                          cfg.stripes)
@@ -261,7 +305,13 @@ class Claimer:
                     self._stopping.wait(backoff)
                     backoff = min(backoff * 2, 5.0)
                     continue
-                self.count("claim_calls", 1)
+                self._claim_observed(time.monotonic() - claim_t0, len(snaps))
+                if cfg.adaptive_batch and not (lane_busy and len(snaps) < want):
+                    # (a short claim that met another claimer on the lane head, or a producer
+                    # mid-reserve, says nothing about the backlog: keep the size)
+                    size = next_claim_size(size, len(snaps), want, floor, cfg.claim_batch,
+                                           self.executor.avg_handler_s, cfg.concurrency,
+                                           starving=held_before < cfg.concurrency)
                 if self._on_short_claim is not None and len(snaps) < want:
                     self._on_short_claim(lane_busy)
                 if len(snaps) < want and not lane_busy and len(snaps) < _SHORT_CLAIM_SLEEPS:
@@ -327,6 +377,12 @@ class Claimer:
         if self._backlog_maybe and not self._wake.is_set() and self._outstanding <= self.config.concurrency:
             self._wake.set()
 
+    def _claim_observed(self, seconds: float, jobs: int) -> None:
+        with self._stats_lock:
+            self.stats["claim_calls"] += 1
+            self._samples["claim_seconds"].append(seconds)
+            self._samples["claim_jobs"].append(jobs)
+
     def count(self, key: str, n: int) -> None:
         """Add ``n`` to the counter ``key`` (any thread)."""
         with self._stats_lock:
@@ -377,8 +433,12 @@ class Claimer:
         st["batches"] = 1
         e2e: list[float] = []
         pickup: list[float] = []
+        handler: list[float] = []
         closed: list[AttemptClosed] | None = [] if self.flush_listeners else None
         for (job, outcome), key in zip(report.jobs, keys):
+            finished = getattr(job, "finished_at", 0.0)  # unset: the handler never ran
+            if finished:
+                handler.append(finished - job.started_at)
             if outcome is RELEASE:
                 continue
             if key in report.stale:
@@ -400,8 +460,12 @@ class Claimer:
         with self._stats_lock:
             for k, v in st.items():
                 self.stats[k] += v
-            self._e2e.extend(e2e)
-            self._pickup.extend(pickup)
+            samples = self._samples
+            samples["e2e"].extend(e2e)
+            samples["pickup"].extend(pickup)
+            samples["handler"].extend(handler)
+            samples["flush_jobs"].append(len(report.jobs))
+            samples["flush_seconds"].append(report.seconds)
         if closed:
             for listener in self.flush_listeners:
                 try:
@@ -415,18 +479,21 @@ class Claimer:
 
     def _publish(self) -> None:
         if self.shm is None:
+            # an in-process worker: its counters stay here (its summary reads them), samples are not kept
+            with self._stats_lock:
+                self._samples = _no_samples()
             return
         with self._stats_lock:
             st, self.stats = self.stats, dict.fromkeys(self.stats, 0)
-            pickup, self._pickup = self._pickup, []
-            e2e, self._e2e = self._e2e, []
-        self.shm.add(**st)
-        if pickup:
-            self.shm.observe_latency("pickup", pickup)
-        if e2e:
-            self.shm.observe_latency("e2e", e2e)
-        self.shm.set_in_flight(self._outstanding)
-        self.shm.heartbeat()
+            samples, self._samples = self._samples, _no_samples()
+            hb_failures = self.heartbeat.failures
+            st["heartbeat_failures"] = hb_failures - self._heartbeat_failures_published
+            self._heartbeat_failures_published = hb_failures
+        now = time.monotonic()
+        if now - self._waiting_at >= _WAITING_EVERY_S:  # a scan of the held attempts: at most 10 a second
+            self._waiting, self._waiting_at = self.attempts.not_started(), now
+        # one seqlock write; 'waiting': held here, handler not started (every worker slot busy)
+        self.shm.publish(st, samples, in_flight=self._outstanding, waiting=self._waiting)
 
     # -- drain ---------------------------------------------------------------------------------
 
