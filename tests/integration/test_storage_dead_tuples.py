@@ -13,6 +13,7 @@ import time
 import psycopg
 
 from awa_fast.client import Client
+from tests.fixtures.database import scalar
 from tests.integration.storage_helpers import (
     counts,
     dead_tuples_exact,
@@ -20,7 +21,6 @@ from tests.integration.storage_helpers import (
     ensure_pgstattuple,
     leaf_tables,
     rotate_and_prune,
-    scalar,
 )
 
 Q = "q"
