@@ -6,6 +6,7 @@ The close codes are defined once, as :class:`awa_fast.outcomes.CloseCode`; ``CLO
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import psycopg
@@ -79,3 +80,8 @@ CLOSE_FAIL = CloseCode.FAIL
 CLOSE_CANCEL = CloseCode.CANCEL
 CLOSE_RETRY = CloseCode.RETRY
 CLOSE_SNOOZE = CloseCode.SNOOZE
+
+
+def as_jsonb(payloads: Sequence[bytes]) -> list[RawJson]:
+    """Encoded JSON payloads as :class:`RawJson` (sent as jsonb; plain bytes would go as bytea)."""
+    return [a if type(a) is RawJson else RawJson(a) for a in payloads]
