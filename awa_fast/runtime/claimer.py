@@ -37,6 +37,7 @@ from typing import Any
 import msgspec
 import psycopg
 
+from awa_fast import hooks as _hooks
 from awa_fast.errors import DatabaseUnavailable, TerminalError
 from awa_fast.jobs import AttemptClosed, Cancel, ClaimSnapshot, Job, JobSpec, RetryAfter, Snooze, WaitForCallback
 from awa_fast.jobs import MAX_PROGRESS_BYTES
@@ -476,7 +477,11 @@ class Claimer:
         if spec.timeout is not None:
             self._arm_timeout(job, spec.timeout)
         try:
-            return self._outcome(job, spec.handler(job))
+            if _hooks.around is None:
+                return self._outcome(job, spec.handler(job))
+            with _hooks.around(job):  # tracing / log context (awa_fast/hooks.py), only when enabled
+                result = spec.handler(job)
+            return self._outcome(job, result)
         except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt, ... retry like any failure
             return self._failed(job, spec, exc)
 
@@ -517,7 +522,11 @@ class Claimer:
         if spec.timeout is not None:
             self._arm_timeout(job, spec.timeout)
         try:
-            return self._outcome(job, await spec.handler(job))
+            if _hooks.around is None:
+                return self._outcome(job, await spec.handler(job))
+            with _hooks.around(job):  # tracing / log context (awa_fast/hooks.py), only when enabled
+                result = await spec.handler(job)
+            return self._outcome(job, result)
         except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt, CancelledError, ...
             if isinstance(exc, asyncio.CancelledError) and job._cancelled:  # noqa: SLF001 - we cancelled it
                 return self._interrupted(job, exc)

@@ -1,0 +1,172 @@
+"""OpenTelemetry (awa_fast/otel.py): producer spans on enqueue, consumer spans per attempt, W3C context in metadata.
+
+Real PostgreSQL, a real in-process worker, the SDK's in-memory span exporter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from awa_fast import hooks, otel
+from awa_fast.app import App
+from awa_fast.client import Client
+from tests.integration.runtime_helpers import REPO_ROOT
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    otel.enable(provider)
+    try:
+        yield exporter
+    finally:
+        otel.disable()
+        provider.shutdown()
+
+
+def _app(dsn: str, schema: str) -> App:
+    app = App(dsn, schema)
+
+    @app.job("ok", queue="traced")
+    def ok(job):  # noqa: ANN001, ANN202
+        return None
+
+    @app.job("boom", queue="traced", max_attempts=1)
+    def boom(job):  # noqa: ANN001, ANN202
+        raise ValueError("the handler broke")
+
+    @app.job("aok", queue="traced")
+    async def aok(job):  # noqa: ANN001, ANN202
+        return None
+
+    return app
+
+
+def _drain(app: App) -> None:
+    summary = app.run_worker(["traced"], until_empty=True, install_signal_handlers=False, maintenance=False)
+    assert summary.empty
+
+
+def test_consumer_span_is_a_child_of_and_linked_to_the_producer_span(pg_dsn, schema, spans):
+    app = _app(pg_dsn, schema)
+    job_id = app.enqueue("ok", {"n": 1}, metadata={"mine": "kept"})
+    info = app.get_job(job_id)
+    assert info is not None
+    md = info.metadata if isinstance(info.metadata, dict) else json.loads(info.metadata)
+    assert md["mine"] == "kept"
+    assert md[otel.TRACE_KEY]["traceparent"].startswith("00-")
+    _drain(app)
+    finished = spans.get_finished_spans()
+    producer = next(s for s in finished if s.kind == SpanKind.PRODUCER)
+    consumer = next(s for s in finished if s.kind == SpanKind.CONSUMER)
+    assert producer.name == "publish traced" and consumer.name == "process traced"
+    assert dict(producer.attributes) == {
+        "messaging.system": "awa_fast", "messaging.destination.name": "traced",
+        "messaging.operation.type": "publish", "messaging.operation.name": "publish",
+        "awa_fast.job.kind": "ok", "messaging.message.id": str(job_id)}
+    assert consumer.attributes["messaging.system"] == "awa_fast"
+    assert consumer.attributes["messaging.operation.type"] == "process"
+    assert consumer.attributes["messaging.destination.name"] == "traced"
+    assert consumer.attributes["messaging.message.id"] == str(job_id)
+    assert consumer.attributes["awa_fast.job.attempt"] == 1
+    assert consumer.context.trace_id == producer.context.trace_id
+    assert consumer.parent is not None and consumer.parent.span_id == producer.context.span_id
+    assert [link.context.span_id for link in consumer.links] == [producer.context.span_id]
+    assert consumer.status.status_code == StatusCode.UNSET
+    app.close()
+
+
+def test_a_failed_attempt_records_the_exception_and_an_error_status(pg_dsn, schema, spans):
+    app = _app(pg_dsn, schema)
+    job_id = app.enqueue("boom", {})
+    _drain(app)
+    consumer = next(s for s in spans.get_finished_spans() if s.kind == SpanKind.CONSUMER)
+    assert consumer.attributes["messaging.message.id"] == str(job_id)
+    assert consumer.status.status_code == StatusCode.ERROR
+    events = [e for e in consumer.events if e.name == "exception"]
+    assert len(events) == 1
+    assert events[0].attributes["exception.type"] == "ValueError"
+    assert events[0].attributes["exception.message"] == "the handler broke"
+    info = app.get_job(job_id)
+    assert info is not None and info.state in ("dlq", "failed")  # the failure itself is unchanged
+    app.close()
+
+
+def test_enqueue_many_and_async_enqueue_and_handlers_are_traced(pg_dsn, schema, spans):
+    app = _app(pg_dsn, schema)
+    ids = app.enqueue_many("ok", [{"i": 1}, {"i": 2}, {"i": 3}], return_ids=True)
+
+    async def produce() -> int:
+        async with app:
+            return await app.enqueue_async("aok", {"x": 1})
+
+    aid = asyncio.run(produce())
+    _drain(app)
+    finished = spans.get_finished_spans()
+    producers = [s for s in finished if s.kind == SpanKind.PRODUCER]
+    consumers = {s.attributes["messaging.message.id"]: s for s in finished if s.kind == SpanKind.CONSUMER}
+    assert len(producers) == 2
+    batch = next(p for p in producers if p.attributes["awa_fast.job.kind"] == "ok")
+    single = next(p for p in producers if p.attributes["awa_fast.job.kind"] == "aok")
+    assert batch.attributes["messaging.batch.message_count"] == 3
+    assert single.attributes["messaging.message.id"] == str(aid)
+    assert set(consumers) == {str(i) for i in ids} | {str(aid)}
+    for i in ids:
+        assert consumers[str(i)].parent.span_id == batch.context.span_id
+    assert consumers[str(aid)].parent.span_id == single.context.span_id
+    app.close()
+
+
+def test_disable_restores_the_plain_enqueue_and_no_metadata_key(pg_dsn, schema):
+    plain = Client.enqueue
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    otel.enable(provider)
+    assert Client.enqueue is not plain and "otel" in hooks.installed()
+    otel.disable()
+    assert Client.enqueue is plain and hooks.around is None and not otel.is_enabled()
+    app = _app(pg_dsn, schema)
+    job_id = app.enqueue("ok", {})
+    info = app.get_job(job_id)
+    assert info is not None and not info.metadata
+    _drain(app)
+    assert exporter.get_finished_spans() == ()
+    app.close()
+
+
+def test_tracing_off_never_imports_opentelemetry(pg_dsn, schema):
+    script = textwrap.dedent(f"""
+        import sys
+        from awa_fast.app import App
+        app = App({pg_dsn!r}, {schema!r})
+
+        @app.job("ok", queue="traced")
+        def ok(job):
+            return None
+
+        jid = app.enqueue("ok", {{}})
+        app.enqueue_many("ok", [{{}}, {{}}])
+        s = app.run_worker(["traced"], until_empty=True, install_signal_handlers=False, maintenance=False)
+        assert s.completed == 3, s
+        md = app.get_job(jid).metadata
+        print(sorted(m for m in sys.modules if m.startswith("opentelemetry")), bool(md))
+        app.close()
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO_ROOT,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[0] == "[] False"
