@@ -1,0 +1,42 @@
+"""Process titles (awa_fast/proctitle.py): a real supervisor and its children, read from /proc/PID/cmdline."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+
+import pytest
+from psycopg.conninfo import make_conninfo
+
+from awa_fast import proctitle
+from tests.integration.runtime_helpers import SupervisorProc
+
+pytestmark = pytest.mark.integration
+
+SECRET = "pw-in-the-title-never-7c1e"
+
+
+def _shown(pid: int) -> str:
+    return pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+
+
+def test_supervisor_claimers_and_maintenance_have_readable_titles_without_the_dsn(pg_dsn, schema, tmp_path):
+    assert proctitle.available(), "setproctitle is part of the proctitle extra that tools/dev.py installs"
+    dsn = make_conninfo(pg_dsn, password=SECRET)  # the test server trusts local connections
+    with SupervisorProc(dsn, schema, tmp_path, app="tests.integration.logs_apps:app",
+                        queues=["logq:stripes=2,concurrency=2", "other:stripes=1"]) as sup:
+        claimers = sup.wait_running(3)
+        titles = {pid: _shown(pid) for pid in sup.children()}
+        assert _shown(sup.pid) == "awa-fast: supervisor tests.integration.logs_apps:app"
+        assert titles[claimers[("logq", 0)]] == "awa-fast: claimer queue=logq stripe=0"
+        assert titles[claimers[("logq", 1)]] == "awa-fast: claimer queue=logq stripe=1"
+        assert titles[claimers[("other", 0)]] == "awa-fast: claimer queue=other stripe=0"
+        assert sorted(titles.values()).count("awa-fast: maintenance") == 1, titles
+        ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
+        assert SECRET not in ps and SECRET not in "".join(titles.values())
+        assert sup.stop() == 0, sup.tail()
+
+
+def test_child_title_names_queue_and_stripe():
+    assert proctitle.child_title("claimer my.queue:v2#3") == "claimer queue=my.queue:v2 stripe=3"
+    assert proctitle.child_title("maintenance") == "maintenance"
