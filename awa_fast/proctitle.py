@@ -2,7 +2,7 @@
 
 With ``setproctitle`` installed, ``ps`` and ``/proc/PID/cmdline`` show
 ``awa-fast: supervisor app.jobs:app``, ``awa-fast: claimer queue=email
-stripe=1``, ``awa-fast: maintenance`` and ``awa-fast: metrics``. Without
+stripe=1``, ``awa-fast: maintenance`` (``maintenance (leader)`` while it leads) and ``awa-fast: metrics``. Without
 it nothing changes. A title is built from the role and queue names only,
 never from the command line, so it cannot carry a DSN or its password;
 setting one also replaces the arguments ``ps`` showed (a ``--dsn`` among
@@ -16,6 +16,9 @@ from collections.abc import Callable
 from typing import Any
 
 PREFIX = "awa-fast: "
+
+# The title this module set in this process (None: never set, e.g. an in-process worker's thread).
+_current: str | None = None
 
 
 def available() -> bool:
@@ -33,8 +36,17 @@ def set_title(title: str) -> bool:
         from setproctitle import setproctitle
     except ImportError:
         return False
+    global _current
     setproctitle(PREFIX + title)
+    _current = title
     return True
+
+
+def mark_leader(leading: bool) -> None:
+    """Show ``maintenance (leader)`` while this maintenance process leads; nothing in a process whose
+    title this module did not set to the maintenance one (an in-process worker keeps its own)."""
+    if _current in ("maintenance", "maintenance (leader)"):
+        set_title("maintenance (leader)" if leading else "maintenance")
 
 
 def child_title(name: str) -> str:

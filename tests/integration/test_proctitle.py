@@ -9,7 +9,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from awa_fast import proctitle
-from tests.integration.runtime_helpers import SupervisorProc
+from tests.integration.runtime_helpers import SupervisorProc, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +31,10 @@ def test_supervisor_claimers_and_maintenance_have_readable_titles_without_the_ds
         assert titles[claimers[("logq", 0)]] == "awa-fast: claimer queue=logq stripe=0"
         assert titles[claimers[("logq", 1)]] == "awa-fast: claimer queue=logq stripe=1"
         assert titles[claimers[("other", 0)]] == "awa-fast: claimer queue=other stripe=0"
-        assert sorted(titles.values()).count("awa-fast: maintenance") == 1, titles
+        maintenance = [pid for pid, t in titles.items() if t.startswith("awa-fast: maintenance")]
+        assert len(maintenance) == 1, titles
+        wait_for(lambda: _shown(maintenance[0]) == "awa-fast: maintenance (leader)", 30, "the leader's title",
+                 on_timeout=lambda: f"{_shown(maintenance[0])!r}\n{sup.tail()}")
         ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
         assert SECRET not in ps and SECRET not in "".join(titles.values())
         assert sup.stop() == 0, sup.tail()
@@ -40,3 +43,24 @@ def test_supervisor_claimers_and_maintenance_have_readable_titles_without_the_ds
 def test_child_title_names_queue_and_stripe():
     assert proctitle.child_title("claimer my.queue:v2#3") == "claimer queue=my.queue:v2 stripe=3"
     assert proctitle.child_title("maintenance") == "maintenance"
+
+
+def test_an_in_process_worker_keeps_the_process_title(pg_dsn, schema):
+    from awa_fast.app import App
+
+    before = _shown_self()
+    app = App(pg_dsn, schema)
+
+    @app.job("k", queue="inproc")
+    def k(job):  # noqa: ANN001, ANN202
+        return None
+
+    app.enqueue("k", {})
+    summary = app.run_worker(["inproc"], until_empty=True, install_signal_handlers=False)
+    assert summary.completed == 1
+    assert _shown_self() == before  # maintenance ran and led in a thread: the title is the user's
+    app.close()
+
+
+def _shown_self() -> str:
+    return pathlib.Path("/proc/self/cmdline").read_bytes().decode(errors="replace")
