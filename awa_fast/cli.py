@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 
 import psycopg
 
-from awa_fast import cron_cli
+from awa_fast import cron_cli, logs
 from awa_fast.errors import AwaFastError, ConfigError, DatabaseUnavailable, UnknownJob
 
 log = logging.getLogger("awa_fast.cli")
@@ -495,7 +495,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"awa-fast {__version__}")
     p.add_argument("--log-level", type=_log_levels, default=_env("AWA_FAST_LOG_LEVEL") or "INFO",
                    help="DEBUG, INFO, WARNING or ERROR (also after the command)")
-    p.add_argument("--log-format", choices=("text", "json"), default=_env("AWA_FAST_LOG_FORMAT") or "text",
+    p.add_argument("--log-format", type=logs.format_arg, default=_env("AWA_FAST_LOG_FORMAT") or "text",
                    help="text, or json: one object per line (also after the command)")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
 
@@ -504,7 +504,7 @@ def build_parser() -> argparse.ArgumentParser:
         sp = parent.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".",
                                epilog="example:\n  " + example, formatter_class=argparse.RawDescriptionHelpFormatter)
         sp.add_argument("--log-level", type=_log_levels, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-        sp.add_argument("--log-format", choices=("text", "json"), default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        sp.add_argument("--log-format", type=logs.format_arg, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         if db:
             sp.add_argument("--dsn", help="PostgreSQL DSN (default: AWA_FAST_DSN, DATABASE_URL, else embedded)")
             sp.add_argument("--schema", default=None,
@@ -517,7 +517,7 @@ def build_parser() -> argparse.ArgumentParser:
     def group(name: str, help_text: str) -> Any:
         gp = sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
         gp.add_argument("--log-level", type=_log_levels, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-        gp.add_argument("--log-format", choices=("text", "json"), default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        gp.add_argument("--log-format", type=logs.format_arg, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         return gp.add_subparsers(dest="action", required=True, parser_class=_Parser, metavar="ACTION")
 
     sp = leaf(sub, "migrate", "install or upgrade the schema (idempotent)", "awa-fast migrate --schema awa_fast")
@@ -687,8 +687,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # --help or --version into `| head`
         return _quiet_broken_pipe()
     args.schema_given = bool(getattr(args, "schema", None)) or bool(_env("AWA_FAST_SCHEMA"))
-    from awa_fast import logs
-
     logs.configure(str(args.log_level), args.log_format)  # JSON lines with --log-format json
     if _env("AWA_FAST_OTEL"):
         from awa_fast import otel

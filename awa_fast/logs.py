@@ -112,6 +112,15 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(out, default=str).decode()
 
 
+def format_arg(text: str) -> str:
+    """``--log-format`` / ``AWA_FAST_LOG_FORMAT`` for argparse: ``text`` or ``json``."""
+    import argparse
+
+    if text.lower() not in FORMATS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a log format; use text or json")
+    return text.lower()
+
+
 class _CliHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """The handler the CLI installs on the root logger (told apart from a user's own)."""
 

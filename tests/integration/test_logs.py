@@ -86,7 +86,9 @@ def test_env_var_selects_json_and_an_unknown_format_is_refused(pg_dsn):
     applied = [r for r in lines if r["logger"] == "awa_fast.migrate" or r["message"].startswith("applied migration")]
     assert applied and all(r["level"] == "INFO" for r in applied), res.stderr
     bad = cli("queue", "list", "--log-format", "xml")
-    assert bad.returncode == 2 and "--log-format" in bad.stderr and "json" in bad.stderr
+    assert bad.returncode == 2 and "--log-format" in bad.stderr and "text or json" in bad.stderr
+    bad_env = cli("queue", "list", env={"AWA_FAST_LOG_FORMAT": "yaml"})
+    assert bad_env.returncode == 2 and "'yaml' is not a log format" in bad_env.stderr
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         c.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
 
