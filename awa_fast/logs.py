@@ -109,7 +109,7 @@ class JsonFormatter(logging.Formatter):
             out["exc_info"] = self.formatException(record.exc_info)
         if record.stack_info:
             out["stack_info"] = self.formatStack(record.stack_info)
-        return orjson.dumps(out, default=str).decode()
+        return orjson.dumps(out, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
 
 
 def format_arg(text: str) -> str:

@@ -120,9 +120,10 @@ def _traced(name: str, plain: Callable[..., Any]) -> Callable[..., Any]:
         if not many:
             span.set_attribute("messaging.message.id", str(result))
         else:
-            ids = getattr(result, "job_ids", None) or (result if isinstance(result, list) else None)
-            if ids is not None:
-                span.set_attribute("messaging.batch.message_count", len(ids))
+            # how many rows went in: an int (a UniqueManyResult is one too), or the ids
+            count = int(result) if isinstance(result, int) else len(result) if isinstance(result, list) else None
+            if count is not None:
+                span.set_attribute("messaging.batch.message_count", count)
         return result
 
     if name.endswith("_async"):

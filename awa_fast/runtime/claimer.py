@@ -477,9 +477,10 @@ class Claimer:
         if spec.timeout is not None:
             self._arm_timeout(job, spec.timeout)
         try:
-            if _hooks.around is None:
+            scope = _hooks.around  # tracing / log context (awa_fast/hooks.py): None unless enabled
+            if scope is None:
                 return self._outcome(job, spec.handler(job))
-            with _hooks.around(job):  # tracing / log context (awa_fast/hooks.py), only when enabled
+            with scope(job):
                 result = spec.handler(job)
             return self._outcome(job, result)
         except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt, ... retry like any failure
@@ -522,9 +523,10 @@ class Claimer:
         if spec.timeout is not None:
             self._arm_timeout(job, spec.timeout)
         try:
-            if _hooks.around is None:
+            scope = _hooks.around  # tracing / log context (awa_fast/hooks.py): None unless enabled
+            if scope is None:
                 return self._outcome(job, await spec.handler(job))
-            with _hooks.around(job):  # tracing / log context (awa_fast/hooks.py), only when enabled
+            with scope(job):
                 result = await spec.handler(job)
             return self._outcome(job, result)
         except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt, CancelledError, ...

@@ -108,6 +108,7 @@ def test_a_failed_attempt_records_the_exception_and_an_error_status(pg_dsn, sche
 def test_enqueue_many_and_async_enqueue_and_handlers_are_traced(pg_dsn, schema, spans):
     app = _app(pg_dsn, schema)
     ids = app.enqueue_many("ok", [{"i": 1}, {"i": 2}, {"i": 3}], return_ids=True)
+    assert app.enqueue_many("ok", ({"g": i} for i in range(2)), queue="other") == 2  # a generator: counted after
 
     async def produce() -> int:
         async with app:
@@ -118,7 +119,10 @@ def test_enqueue_many_and_async_enqueue_and_handlers_are_traced(pg_dsn, schema, 
     finished = spans.get_finished_spans()
     producers = [s for s in finished if s.kind == SpanKind.PRODUCER]
     consumers = {s.attributes["messaging.message.id"]: s for s in finished if s.kind == SpanKind.CONSUMER}
-    assert len(producers) == 2
+    assert len(producers) == 3
+    generated = next(p for p in producers if p.attributes["messaging.destination.name"] == "other")
+    assert generated.attributes["messaging.batch.message_count"] == 2
+    producers.remove(generated)
     batch = next(p for p in producers if p.attributes["awa_fast.job.kind"] == "ok")
     single = next(p for p in producers if p.attributes["awa_fast.job.kind"] == "aok")
     assert batch.attributes["messaging.batch.message_count"] == 3
