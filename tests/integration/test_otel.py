@@ -30,6 +30,7 @@ def spans() -> Iterator[InMemorySpanExporter]:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     otel.enable(provider)
+    exporter.provider = provider  # for the handlers' own spans
     try:
         yield exporter
     finally:
@@ -53,6 +54,31 @@ def _app(dsn: str, schema: str) -> App:
         return None
 
     return app
+
+
+def test_spans_a_handler_opens_are_children_of_its_attempt(pg_dsn, schema, spans):
+    app = App(pg_dsn, schema)
+    user = spans.provider.get_tracer("user")
+
+    @app.job("inner", queue="traced")
+    def inner(job):  # noqa: ANN001, ANN202
+        with user.start_as_current_span("user work sync"):
+            return None
+
+    @app.job("ainner", queue="traced")
+    async def ainner(job):  # noqa: ANN001, ANN202
+        await asyncio.sleep(0)
+        with user.start_as_current_span("user work async"):
+            await asyncio.sleep(0)
+
+    sync_id, async_id = app.enqueue("inner", {}), app.enqueue("ainner", {})
+    _drain(app)
+    finished = spans.get_finished_spans()
+    consumers = {s.attributes["messaging.message.id"]: s for s in finished if s.kind == SpanKind.CONSUMER}
+    mine = {s.name: s for s in finished if s.name.startswith("user work")}
+    assert mine["user work sync"].parent.span_id == consumers[str(sync_id)].context.span_id
+    assert mine["user work async"].parent.span_id == consumers[str(async_id)].context.span_id
+    app.close()
 
 
 def _drain(app: App) -> None:
