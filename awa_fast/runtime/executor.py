@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from awa_fast import hooks as _hooks
+from awa_fast import hooks as _attempt_hooks
 from awa_fast.errors import TerminalError
 from awa_fast.jobs import Cancel, Job, JobSpec, RetryAfter, Snooze, WaitForCallback
 from awa_fast.runtime.attempts import AttemptTable, Key
@@ -311,7 +311,7 @@ class Executor:
         if spec.timeout is not None:
             self._arm_timeout(job, spec.timeout)
         try:
-            scope = _hooks.around  # tracing / log context (awa_fast/hooks.py): None unless enabled
+            scope = _attempt_hooks.around  # tracing / log context (awa_fast/hooks.py): None unless enabled
             if scope is None:
                 return self._outcome(job, spec.handler(job))
             with scope(job):
@@ -359,7 +359,7 @@ class Executor:
         if spec.timeout is not None:
             self._arm_timeout(job, spec.timeout)
         try:
-            scope = _hooks.around  # tracing / log context (awa_fast/hooks.py): None unless enabled
+            scope = _attempt_hooks.around  # tracing / log context (awa_fast/hooks.py): None unless enabled
             if scope is None:
                 return self._outcome(job, await spec.handler(job))
             with scope(job):
