@@ -309,6 +309,7 @@ def serve(backend: Backend, *, host: str, port: int, token: str, read_only: bool
     backend.start()
     try:
         uvicorn.run(create_app(backend, token=token, read_only=read_only), host=host, port=port,
-                    log_level="warning", server_header=False, proxy_headers=False)
+                    log_level="warning", log_config=None,  # uvicorn's lines go through the CLI's handler
+                    server_header=False, proxy_headers=False)
     finally:
         backend.close()

@@ -123,3 +123,45 @@ def test_json_formatter_and_filter_in_process():
     assert inside["message"] == "inside 1" and inside["level"] == "INFO"
     assert failed["job_id"] == 42 and "RuntimeError: boom" in failed["exc_info"]
     assert hooks.around is None  # nothing enabled the per-attempt hook here
+
+
+def test_serve_log_format_json_every_line_parses(pg_dsn, schema, tmp_path):
+    pytest.importorskip("starlette", reason="the [web] extra is not installed")
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("AWA_FAST_DSN", "DATABASE_URL", "AWA_FAST_SCHEMA")}
+    err = tmp_path / "serve.err"
+    with open(err, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "awa_fast.cli", "--log-level", "INFO", "serve", "--dsn", pg_dsn,
+                                 "--schema", schema, "--bind", f"127.0.0.1:{port}", "--home", str(tmp_path / "home"),
+                                 "--token-file", str(tmp_path / "token"), "--log-format", "json"],
+                                stdout=out, stderr=out, stdin=subprocess.DEVNULL, env=env)
+        try:
+            def up() -> bool:
+                assert proc.poll() is None, err.read_text()
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/queues", timeout=2) as resp:  # noqa: S310
+                        return resp.status == 200
+                except OSError:
+                    return False
+            wait_for(up, 30, "the dashboard serving", on_timeout=err.read_text)
+            # a request that is no HTTP: uvicorn logs a warning of its own
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+                raw.sendall(b"\x16\x03\x01 not http at all\r\n\r\n")
+                raw.recv(1024)
+            wait_for(lambda: b"uvicorn" in err.read_bytes(), 30, "uvicorn's warning", on_timeout=err.read_text)
+        finally:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(30)
+    lines = [line for line in err.read_text().splitlines() if line.strip()]
+    records = [orjson.loads(line) for line in lines]
+    assert all({"ts", "level", "logger", "message"} <= set(rec) for rec in records), lines
+    assert any(r["logger"] == "awa_fast.cli" and r.get("action") == "serve_start" for r in records), lines
+    assert any(r["logger"].startswith("uvicorn") and r["level"] == "WARNING" for r in records), lines
