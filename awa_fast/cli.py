@@ -688,11 +688,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _quiet_broken_pipe()
     args.schema_given = bool(getattr(args, "schema", None)) or bool(_env("AWA_FAST_SCHEMA"))
     logs.configure(str(args.log_level), args.log_format)  # JSON lines with --log-format json
-    if _env("AWA_FAST_OTEL"):
-        from awa_fast import otel
-
-        otel.enable()
     try:
+        if (_env("AWA_FAST_OTEL") or "0").lower() not in ("0", "false", "no", "off"):
+            from awa_fast import otel
+
+            otel.enable()  # with the global TracerProvider (the app module may install it)
         code = int(args.func(args) or 0)
         sys.stdout.flush()
         return code

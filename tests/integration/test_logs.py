@@ -20,18 +20,8 @@ pytestmark = pytest.mark.integration
 APP = "tests.integration.logs_apps:app"
 
 
-def _run(pg_dsn, schema, storage, conn, tmp_path, extra, env=None):  # noqa: ANN001, ANN202
-    old = {k: os.environ.get(k) for k in (env or {})}
-    os.environ.update(env or {})
-    try:
-        sup = SupervisorProc(pg_dsn, schema, tmp_path, app=APP, queues=["logq:stripes=1,concurrency=2"],
-                             extra=extra)
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+def _run(pg_dsn, schema, storage, conn, tmp_path, extra):  # noqa: ANN001, ANN202
+    sup = SupervisorProc(pg_dsn, schema, tmp_path, app=APP, queues=["logq:stripes=1,concurrency=2"], extra=extra)
     with sup:
         sup.wait_running(1)
         sync_id = enqueue_one(pg_dsn, schema, "logs.say", {"word": "hello"}, queue="logq")
@@ -67,9 +57,10 @@ def test_supervise_log_format_json_every_line_parses_and_handler_lines_carry_the
     assert start["logger"] == "awa_fast.supervisor" and "job_id" not in start
 
 
-def test_a_logging_configuration_in_the_app_module_wins_under_supervise(pg_dsn, schema, storage, conn, tmp_path):
-    out, sync_id, _ = _run(pg_dsn, schema, storage, conn, tmp_path, ["--log-format", "json"],
-                           env={"AWA_TEST_OWN_LOGGING": "1"})
+def test_a_logging_configuration_in_the_app_module_wins_under_supervise(pg_dsn, schema, storage, conn, tmp_path,
+                                                                        monkeypatch):
+    monkeypatch.setenv("AWA_TEST_OWN_LOGGING", "1")
+    out, sync_id, _ = _run(pg_dsn, schema, storage, conn, tmp_path, ["--log-format", "json"])
     lines = [line for line in out.splitlines() if line.strip()]
     assert "USER INFO user.handler handling hello" in lines, out
     # after the app is imported every line is the user's format: the CLI added no handler of its own

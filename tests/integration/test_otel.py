@@ -21,7 +21,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from awa_fast import hooks, otel
 from awa_fast.app import App
 from awa_fast.client import Client
-from tests.integration.runtime_helpers import REPO_ROOT
+from tests.integration.runtime_helpers import REPO_ROOT, SupervisorProc, enqueue_one, wait_for
 
 
 @pytest.fixture
@@ -200,3 +200,29 @@ def test_tracing_off_never_imports_opentelemetry(pg_dsn, schema):
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[0] == "[] False"
+
+
+def test_trace_context_crosses_into_a_supervised_claimer(pg_dsn, schema, tmp_path, spans, monkeypatch):
+    span_file = tmp_path / "spans.jsonl"
+    monkeypatch.setenv("AWA_FAST_OTEL", "1")
+    monkeypatch.setenv("AWA_TEST_SPANS", str(span_file))
+    with SupervisorProc(pg_dsn, schema, tmp_path, app="tests.integration.otel_apps:app",
+                        queues=["oq:stripes=1,concurrency=2"]) as sup:
+        sup.wait_running(1)
+        ok_id = enqueue_one(pg_dsn, schema, "otel.ok", {}, queue="oq")  # traced here, by the fixture's provider
+        boom_id = enqueue_one(pg_dsn, schema, "otel.boom", {}, queue="oq")
+        wait_for(lambda: sum(1 for line in span_file.read_text().splitlines() if '"CONSUMER"' in line) == 2
+                 if span_file.exists() else False, 60, "two consumer spans", on_timeout=sup.tail)
+        assert sup.stop(60) == 0, sup.tail()
+    producers = {s.attributes["messaging.message.id"]: s for s in spans.get_finished_spans()
+                 if s.kind == SpanKind.PRODUCER}
+    consumers = {s["attributes"]["messaging.message.id"]: s
+                 for s in map(json.loads, span_file.read_text().splitlines()) if s["kind"] == "CONSUMER"}
+    assert set(producers) == set(consumers) == {str(ok_id), str(boom_id)}
+    for job_id, consumer in consumers.items():
+        producer = producers[job_id].context
+        assert consumer["pid"] != sup.pid and consumer["name"] == "process oq"
+        assert consumer["trace_id"] == f"{producer.trace_id:032x}"
+        assert consumer["parent_id"] == consumer["links"][0] == f"{producer.span_id:016x}"
+    assert consumers[str(ok_id)]["status"] == "UNSET"
+    assert consumers[str(boom_id)]["status"] == "ERROR" and consumers[str(boom_id)]["events"] == ["exception"]
