@@ -226,3 +226,39 @@ def test_trace_context_crosses_into_a_supervised_claimer(pg_dsn, schema, tmp_pat
         assert consumer["parent_id"] == consumer["links"][0] == f"{producer.span_id:016x}"
     assert consumers[str(ok_id)]["status"] == "UNSET"
     assert consumers[str(boom_id)]["status"] == "ERROR" and consumers[str(boom_id)]["events"] == ["exception"]
+
+
+def test_tracing_and_the_log_context_together(pg_dsn, schema, spans):
+    import io
+    import logging
+
+    from awa_fast import logs
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logs.JsonFormatter())
+    user = logging.getLogger("test.otel.both")
+    user.addHandler(handler)
+    user.setLevel(logging.INFO)
+    app = App(pg_dsn, schema)
+
+    @app.job("both", queue="traced")
+    def both(job):  # noqa: ANN001, ANN202
+        from opentelemetry import trace
+
+        user.info("in span %s", format(trace.get_current_span().get_span_context().span_id, "016x"))
+
+    logs.enable_job_context()
+    try:
+        assert hooks.installed() == ("otel", "logs")
+        job_id = app.enqueue("both", {})
+        _drain(app)
+    finally:
+        logs.disable_job_context()
+        user.removeHandler(handler)
+    assert hooks.installed() == ("otel",)
+    consumer = next(s for s in spans.get_finished_spans() if s.kind == SpanKind.CONSUMER)
+    (line,) = [json.loads(x) for x in stream.getvalue().splitlines()]
+    assert line["job_id"] == job_id and line["kind"] == "both" and line["attempt"] == 1
+    assert line["message"] == f"in span {consumer.context.span_id:016x}"
+    app.close()
