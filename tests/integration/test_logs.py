@@ -13,7 +13,9 @@ import pytest
 from psycopg import sql
 
 from awa_fast import hooks, logs
-from tests.integration.runtime_helpers import SupervisorProc, cli, counts, enqueue_one, wait_for
+from tests.fixtures.supervisor import SupervisorProc
+from tests.fixtures.waiting import wait_for
+from tests.integration.runtime_helpers import cli, counts, enqueue_one
 
 pytestmark = pytest.mark.integration
 

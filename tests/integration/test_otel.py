@@ -21,7 +21,9 @@ from opentelemetry.trace import SpanKind, StatusCode
 from awa_fast import hooks, otel
 from awa_fast.app import App
 from awa_fast.client import Client
-from tests.integration.runtime_helpers import REPO_ROOT, SupervisorProc, enqueue_one, wait_for
+from tests.fixtures.supervisor import REPO_ROOT, SupervisorProc
+from tests.fixtures.waiting import wait_for
+from tests.integration.runtime_helpers import enqueue_one
 
 
 @pytest.fixture

@@ -11,7 +11,8 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from awa_fast import proctitle
-from tests.integration.runtime_helpers import SupervisorProc, wait_for
+from tests.fixtures.supervisor import SupervisorProc
+from tests.fixtures.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
