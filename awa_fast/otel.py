@@ -35,7 +35,7 @@ from awa_fast import hooks
 from awa_fast.errors import ConfigError
 
 #: The metadata key that carries the producer's trace context (``{"traceparent": ..., "tracestate": ...}``).
-TRACE_KEY = "trace_context"
+TRACE_KEY = "awa_fast.trace_context"
 SYSTEM = "awa_fast"
 
 # The tracer while tracing is on, else None.
