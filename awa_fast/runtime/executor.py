@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from awa_fast import hooks as _attempt_hooks
 from awa_fast.errors import ConfigError, TerminalError
 from awa_fast.jobs import Job, JobSpec, attempt_timeout
 from awa_fast.outcomes import CloseCode, Outcome, Unwritten
@@ -315,7 +316,12 @@ class Executor:
         if timeout is not None:
             self._arm_timeout(job, timeout)
         try:
-            return returned_outcome(job, spec.handler(job))
+            scope = _attempt_hooks.around  # tracing / log context (awa_fast/hooks.py): None unless enabled
+            if scope is None:
+                return returned_outcome(job, spec.handler(job))
+            with scope(job):
+                result = spec.handler(job)
+            return returned_outcome(job, result)
         except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt, ... retry like any failure
             return self._failed(job, spec, exc)
         finally:
@@ -376,7 +382,12 @@ class Executor:
         if timeout is not None:
             self._arm_timeout(job, timeout)
         try:
-            return returned_outcome(job, await spec.handler(job))
+            scope = _attempt_hooks.around  # tracing / log context (awa_fast/hooks.py): None unless enabled
+            if scope is None:
+                return returned_outcome(job, await spec.handler(job))
+            with scope(job):
+                result = await spec.handler(job)
+            return returned_outcome(job, result)
         except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt, CancelledError, ...
             if isinstance(exc, asyncio.CancelledError) and job._cancelled:  # noqa: SLF001 - we cancelled it
                 return self._interrupted(job, exc)
