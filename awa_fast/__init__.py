@@ -31,8 +31,9 @@ from awa_fast.errors import (
     TerminalError,
     UnknownJob,
 )
-from awa_fast.jobs import AttemptClosed, Cancel, ClaimSnapshot, Job, RetryAfter, Snooze, WaitForCallback
+from awa_fast.jobs import AttemptClosed, ClaimSnapshot, Job
 from awa_fast.limits import Rate
+from awa_fast.outcomes import Cancel, RetryAfter, Snooze, WaitForCallback  # what a handler may return
 from awa_fast.records import JOB_STATES, TERMINAL_STATES, DlqEntry, JobInfo, QueueSettings
 from awa_fast.unique import Unique, UniqueConflict  # issue 13: periodic and unique jobs
 

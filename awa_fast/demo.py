@@ -22,7 +22,6 @@ import psycopg
 
 from awa_fast.app import App
 from awa_fast.client import ProgressBar
-from awa_fast.storage.schema import render
 
 app = App(schema="awa_fast_demo")
 
@@ -56,7 +55,7 @@ def run_demo(dsn: str, jobs: int, stripes: int = 2) -> int:
     schema = app.storage.schema
     app.dsn = dsn
     with psycopg.connect(dsn, autocommit=True) as c:
-        c.execute(render("DROP SCHEMA IF EXISTS __SCHEMA__ CASCADE", schema))
+        app.storage.schema_drop(c)
     app.migrate()
     print(f"awa-fast demo: schema {schema} migrated; enqueueing {jobs:,} jobs by COPY")
     started = time.perf_counter()

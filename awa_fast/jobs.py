@@ -1,8 +1,11 @@
-"""Jobs as the runtime sees them: claim snapshots, handler outcomes, the registry.
+"""Jobs as the runtime sees them: claim snapshots, the handle a handler gets, the registry.
 
 A :class:`ClaimSnapshot` is the immutable record the claim function returns
 for one claimed attempt. The completion batcher writes terminal rows from it,
-so completion never reloads ``ready_entries``.
+so completion never reloads ``ready_entries``. The handler outcomes
+(:class:`RetryAfter`, :class:`Snooze`, :class:`Cancel`,
+:class:`WaitForCallback`) are defined in :mod:`awa_fast.outcomes` and
+importable from here too.
 """
 
 from __future__ import annotations
@@ -14,24 +17,25 @@ from typing import Any, Generic, TypeVar
 import msgspec
 
 from awa_fast.errors import PayloadError
+from awa_fast.outcomes import Cancel, ClosureCode, DoneState, RetryAfter, Snooze, WaitForCallback
 
 # Encoded size limit of one job.set_progress() value (JSON bytes). Progress
 # rides on every heartbeat batch of its claimer, so it is kept small.
 MAX_PROGRESS_BYTES = 64 * 1024
 
-# done_entries.state / lease_claim_closures.outcome codes (see sql/0001_queue_storage.sql)
-STATE_COMPLETED = 1
-STATE_FAILED = 2
-STATE_CANCELLED = 3
+# done_entries.state / lease_claim_closures.outcome codes: defined in awa_fast.outcomes, named here too
+STATE_COMPLETED = DoneState.COMPLETED
+STATE_FAILED = DoneState.FAILED
+STATE_CANCELLED = DoneState.CANCELLED
 
-CLOSURE_COMPLETED = 1
-CLOSURE_FAILED = 2
-CLOSURE_CANCELLED = 3
-CLOSURE_RETRIED = 4
-CLOSURE_SNOOZED = 5
-CLOSURE_DLQ = 6
-CLOSURE_RESCUED = 7
-CLOSURE_MATERIALIZED = 8
+CLOSURE_COMPLETED = ClosureCode.COMPLETED
+CLOSURE_FAILED = ClosureCode.FAILED
+CLOSURE_CANCELLED = ClosureCode.CANCELLED
+CLOSURE_RETRIED = ClosureCode.RETRIED
+CLOSURE_SNOOZED = ClosureCode.SNOOZED
+CLOSURE_DLQ = ClosureCode.DLQ
+CLOSURE_RESCUED = ClosureCode.RESCUED
+CLOSURE_MATERIALIZED = ClosureCode.MATERIALIZED
 
 
 class ClaimSnapshot(msgspec.Struct, frozen=True, gc=False):
@@ -62,41 +66,8 @@ class ClaimSnapshot(msgspec.Struct, frozen=True, gc=False):
     progress: bytes | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class RetryAfter:
-    """Handler outcome: run again after ``seconds`` (consumes an attempt)."""
-
-    seconds: float
-    reason: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Snooze:
-    """Handler outcome: run again after ``seconds`` without consuming an attempt."""
-
-    seconds: float
-
-
-@dataclass(frozen=True, slots=True)
-class Cancel:
-    """Handler outcome: end the job as cancelled."""
-
-    reason: str = "cancelled by handler"
-
-
-@dataclass(frozen=True, slots=True)
-class WaitForCallback:
-    """Handler outcome: park the attempt until a callback resolves it or ``timeout`` passes.
-
-    The token to resolve it with is ``job.callback_token``.
-    """
-
-    timeout: float
-
-
-Outcome = None | RetryAfter | Snooze | Cancel | WaitForCallback
-
 __all__ = [
+    "AttemptClosed",
     "ClaimSnapshot",
     "Job",
     "JobSpec",
@@ -104,8 +75,6 @@ __all__ = [
     "Snooze",
     "Cancel",
     "WaitForCallback",
-    "Outcome",
-    "Any",
 ]
 
 

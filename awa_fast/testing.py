@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 
     from awa_fast.app import App
     from awa_fast.jobs import ClaimSnapshot, Job
+    from awa_fast.outcomes import Outcome, Unwritten
 
 __all__ = ["DrainResult", "WorkResult", "assert_enqueued", "assert_not_enqueued", "bind", "drain", "drain_async",
            "work_one", "work_one_async"]
@@ -126,8 +127,6 @@ class DrainResult:
 
 # -- running jobs inline ------------------------------------------------------------------
 
-_PARKED = object()
-
 
 class _Inline:
     """The claim-run-complete cycle on one connection in the caller's thread.
@@ -186,36 +185,34 @@ class _Inline:
 
     def finish(self, job: Job, result: Any, exc: BaseException | None) -> WorkResult:
         """Write the attempt's outcome through the real completion SQL."""
-        from awa_fast.runtime.claimer import error_text
-        from awa_fast.storage import CLOSE_CANCEL, CLOSE_COMPLETE, CLOSE_FAIL, CLOSE_RETRY, CLOSE_SNOOZE
+        from awa_fast.outcomes import COMPLETED, CloseCode, Outcome, Unwritten
+        from awa_fast.runtime.handler_outcome import error_text
 
-        outcome: Any
+        outcome: Outcome | Unwritten
         if exc is not None:
             from awa_fast.errors import TerminalError
 
             fail = isinstance(exc, (TerminalError, _NoHandler))
-            outcome = (CLOSE_FAIL if fail else CLOSE_RETRY, None, error_text(exc if not isinstance(exc, _NoHandler)
-                                                                              else str(exc)))
+            outcome = Outcome(CloseCode.FAIL if fail else CloseCode.RETRY,
+                              error=error_text(exc if not isinstance(exc, _NoHandler) else str(exc)))
         else:
             outcome = self._outcome(job, result)
         s = job.snapshot
         key = (s.job_id, s.run_lease)
         token = job.callback_token
-        if outcome is _PARKED:
+        error: str | None = None
+        if outcome is Unwritten.PARKED:
             word = "waiting"
-            error = None
-        elif outcome is None and not job.lease_backed:
+        elif outcome is COMPLETED and not job.lease_backed:
             stale = self.storage.receipt_complete_rows(self.conn, [s], self.stateful)
             word = "stale" if stale else "completed"
-            error = None
         else:
-            code, delay, error = outcome if outcome is not None else (CLOSE_COMPLETE, None, None)
+            assert isinstance(outcome, Outcome)
+            error = outcome.error
             with self.conn.transaction():
                 self.storage.receipt_lock(self.conn, [s.claim_id])
-                res = self.storage.attempt_close(self.conn, [(s, code, delay, error)])
-            word = "stale" if res and res[0].status == "stale" else {
-                CLOSE_COMPLETE: "completed", CLOSE_RETRY: "retried", CLOSE_SNOOZE: "snoozed",
-                CLOSE_CANCEL: "cancelled", CLOSE_FAIL: "failed"}[code]
+                res = self.storage.attempt_close(self.conn, [(s, outcome.code, outcome.delay, error)])
+            word = "stale" if res and res[0].status == "stale" else outcome.code.closed_as
         self.stateful.discard(key)
         found = self.storage.job_load(self.conn, s.job_id)
         try:
@@ -225,34 +222,35 @@ class _Inline:
         return WorkResult(s.job_id, s.kind, s.queue, s.attempt, args, word, found["state"] if found else None,
                           error, None if isinstance(exc, _NoHandler) else exc, token)
 
-    def _outcome(self, job: Job, result: object) -> Any:
-        from awa_fast.jobs import Cancel, RetryAfter, Snooze, WaitForCallback
-        from awa_fast.runtime.claimer import error_text
-        from awa_fast.storage import CLOSE_CANCEL, CLOSE_RETRY, CLOSE_SNOOZE
+    def _outcome(self, job: Job, result: object) -> Outcome | Unwritten:
+        from awa_fast.outcomes import COMPLETED, Cancel, CloseCode, Outcome, RetryAfter, Snooze, Unwritten
+        from awa_fast.outcomes import WaitForCallback
+        from awa_fast.runtime.handler_outcome import error_text
 
         if result is None:
-            return None
+            return COMPLETED
         if isinstance(result, RetryAfter):
-            return (CLOSE_RETRY, max(0.0, float(result.seconds)), error_text(result.reason or "retry requested"))
+            return Outcome(CloseCode.RETRY, max(0.0, float(result.seconds)),
+                           error_text(result.reason or "retry requested"))
         if isinstance(result, Snooze):
-            return (CLOSE_SNOOZE, max(0.0, float(result.seconds)), None)
+            return Outcome(CloseCode.SNOOZE, max(0.0, float(result.seconds)))
         if isinstance(result, Cancel):
-            return (CLOSE_CANCEL, None, error_text(result.reason))
+            return Outcome(CloseCode.CANCEL, error=error_text(result.reason))
         if isinstance(result, WaitForCallback):
             if not job.lease_backed:
                 job.register_callback(max(0.0, float(result.timeout)))
-            return _PARKED
-        return (CLOSE_RETRY, None, error_text(f"handler returned an unsupported value of type "
-                                              f"{type(result).__name__}; return None or an outcome"))
+            return Unwritten.PARKED
+        return Outcome(CloseCode.RETRY, error=error_text(f"handler returned an unsupported value of type "
+                                                         f"{type(result).__name__}; return None or an outcome"))
 
     def hand_back(self, jobs: Sequence[Job]) -> None:
         """Give claimed, never started jobs back (snooze 0: no attempt consumed)."""
-        from awa_fast.storage import CLOSE_SNOOZE
+        from awa_fast.outcomes import CloseCode
 
         if jobs:
             with self.conn.transaction():
                 self.storage.receipt_lock(self.conn, [j.snapshot.claim_id for j in jobs])
-                self.storage.attempt_close(self.conn, [(j.snapshot, CLOSE_SNOOZE, 0.0, None) for j in jobs])
+                self.storage.attempt_close(self.conn, [(j.snapshot, CloseCode.SNOOZE, 0.0, None) for j in jobs])
 
     def more_work(self, queues: Sequence[str]) -> bool:
         """Promote due deferred jobs; True while something of ``queues`` is available or running."""
@@ -573,8 +571,8 @@ if _pytest is not None:
     def awa_app(awa_fast_app: App, awa_dsn: str) -> Iterator[App]:
         """Your App bound to a freshly migrated schema for this test (dropped afterwards)."""
         import psycopg
-        import psycopg.sql
 
+        from awa_fast.storage import Storage
         from awa_fast.storage.migrate import RingSizes, migrate
 
         schema = "awa_test_" + uuid.uuid4().hex[:12]
@@ -583,7 +581,7 @@ if _pytest is not None:
             with bind(awa_fast_app, awa_dsn, schema) as app:
                 yield app
         finally:
+            doomed = Storage(schema)
             with psycopg.connect(awa_dsn, autocommit=True) as c:
-                c.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                          "WHERE pid <> pg_backend_pid() AND application_name LIKE %s", (f"%{schema}%",))
-                c.execute(psycopg.sql.SQL("DROP SCHEMA {} CASCADE").format(psycopg.sql.Identifier(schema)))
+                doomed.schema_backends_terminate(c)
+                doomed.schema_drop(c)

@@ -30,7 +30,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -40,7 +40,7 @@ from awa_fast.jobs import AttemptClosed
 from awa_fast.periodic import sync_app_schedules
 from awa_fast.runtime.claimer import Claimer, ClaimerConfig
 from awa_fast.runtime.maintenance import Maintenance, MaintenanceConfig
-from awa_fast.runtime.supervisor import QueueSpec, parse_queue_spec
+from awa_fast.runtime.supervisor import QueueSpec, parse_queue_spec, resolve_stripes
 from awa_fast.storage import Storage, close_quietly, connect
 
 if TYPE_CHECKING:
@@ -160,8 +160,8 @@ class Worker:
 
     def start(self) -> None:
         """Check the schema, then start every claimer thread and maintenance (returns at once)."""
-        cfg = self.config
         self._prepare_database()
+        cfg = self.config  # stripe counts resolved against the stored settings
         self._started = time.monotonic()
         listeners = [*getattr(self.app, "flush_listeners", ()), self._on_flush]
         for q in cfg.queues:
@@ -304,6 +304,7 @@ class Worker:
                                   "(jobs stranded or enqueued twice): set wal_level=replica and restart PostgreSQL")
             for q in self.config.queues:
                 self.storage.queue_ensure(conn, q.name)
+            self.config = replace(self.config, queues=resolve_stripes(self.storage, conn, self.config.queues))
             sync_app_schedules(conn, self.storage, self.app)  # declared periodic jobs -> schedules
         finally:
             conn.close()

@@ -54,6 +54,7 @@ WHERE a.job_id = u.j AND a.run_lease = u.l
 
 -- name: attempt_close
 -- Close attempts with explicit outcomes (retry, snooze, fail, cancel, lease-backed completion).
+-- The outcome codes are awa_fast.outcomes.CloseCode (awa_fast/outcomes.py).
 SELECT job_id, run_lease, status FROM __SCHEMA__.attempt_close(%s::bigint[], %s::int[], %s::int[], %s::bigint[], %s::int[], %s::float8[], %s::text[])
 
 -- name: attempt_heartbeat

@@ -11,6 +11,11 @@ first outcome at once; under load batches grow by themselves.
 A batch lost with the process is recovered by rescue, not by a replay log.
 Connection failures retry the same batch: the ``(job_id, run_lease)``
 guard makes a replay of a batch whose COMMIT did land change nothing.
+
+What it consumes is one :class:`~awa_fast.outcomes.Outcome` record per
+attempt (or an :class:`~awa_fast.outcomes.Unwritten` marker: parked for a
+callback, or known stale), handed on with :meth:`CompletionBatcher.submit_many`.
+The only calls back to its owner are the three of :class:`FlushSink`.
 """
 
 from __future__ import annotations
@@ -23,77 +28,47 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import msgspec
 import psycopg
 
-from awa_fast.client import encode_payload
-from awa_fast.errors import DatabaseUnavailable, PayloadError
+from awa_fast.errors import DatabaseUnavailable
 from awa_fast.jobs import ClaimSnapshot, Job
+from awa_fast.outcomes import COMPLETED, CloseCode, Outcome, Unwritten
 from awa_fast.runtime.watchdog import IoGuard
-from awa_fast.storage import CLOSE_COMPLETE, CLOSE_RETRY, RawJson, Storage, clean_text, close_quietly, connect
+from awa_fast.storage import RawJson, Storage, close_quietly, connect
 
 log = logging.getLogger("awa_fast.batcher")
 
-# An outcome: (close code, delay seconds or None, error text or None);
-# None means "completed".
-Outcome = tuple[int, float | None, str | None] | None
-
-_STOP = object()
-
-# Outcome of an attempt parked in the lease plane (callback wait): nothing
-# to write, only the receipt bookkeeping moves on.
-RELEASE: Outcome = ("release", None, None)  # type: ignore[assignment]
-
-# Outcome of an attempt already known to be closed elsewhere (rescued or
-# cancelled while its handler ran): nothing is written for it, the flush
-# reports it stale.
-STALE: Outcome = ("stale", None, None)  # type: ignore[assignment]
+Closed = tuple[Job, Outcome | Unwritten]  # one finished attempt, as the executor hands it on
 
 
-class ResultCompletion(tuple):  # type: ignore[type-arg]
-    """Outcome of a completion that carries the handler's returned value.
+# -- messages on the batcher's queue (one type each; the batcher thread tells them apart by type) --
 
-    ``(CLOSE_COMPLETE, None, None, result)``: it reads as a completion to
-    code that looks at ``outcome[0]``; ``result`` is the encoded JSON. The
-    batcher writes these through ``Storage.receipt_complete_results``, never
-    through the binary COPY of plain (``None``) completions.
-    """
+
+class _Receipts:
+    """How many outcomes each receipt (claim_id) of a claim will produce."""
+
+    __slots__ = ("counts",)
+
+    def __init__(self, counts: dict[int, int]) -> None:
+        self.counts = counts
+
+
+class _Outcomes:
+    """Finished attempts handed on together (one hand-off of a worker, the executor or the drain)."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: list[Closed]) -> None:
+        self.items = items
+
+
+class _Stop:
+    """Flush what came before, then end the thread."""
 
     __slots__ = ()
 
-    def __new__(cls, result: RawJson) -> ResultCompletion:
-        return tuple.__new__(cls, (CLOSE_COMPLETE, None, None, result))
 
-    @property
-    def result(self) -> RawJson:
-        return self[3]  # type: ignore[no-any-return]
-
-
-_PLAIN_JSON = (dict, list, str, int, float, bool, tuple)
-
-
-def result_outcome(value: object) -> Outcome:
-    """The outcome of a handler that returned ``value`` (not None, not an outcome object).
-
-    A JSON-able value completes the attempt and is stored as the job's
-    result, checked and size-limited like enqueue args (1 MiB of JSON);
-    msgspec Structs, dataclasses, datetimes, UUIDs and Decimals are
-    converted by ``msgspec.to_builtins`` first. A value that cannot be
-    stored retries the attempt with an error naming its type.
-    """
-    try:
-        if type(value) in _PLAIN_JSON:
-            try:
-                return ResultCompletion(encode_payload(value, "result"))
-            except PayloadError:
-                if type(value) not in (dict, list, tuple):
-                    raise
-                # a Struct, dataclass, datetime ... inside a plain container
-        return ResultCompletion(encode_payload(msgspec.to_builtins(value), "result"))
-    except (PayloadError, TypeError, ValueError, OverflowError) as exc:
-        text = (f"handler returned a value of type {type(value).__name__} that cannot be stored as the job's "
-                f"result: {exc}")
-        return (CLOSE_RETRY, None, clean_text(text))
+_STOP = _Stop()
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +89,7 @@ class BatcherConfig:
 class FlushReport:
     """What one flush wrote: the jobs and how each ended (``ok``/``stale``)."""
 
-    jobs: list[tuple[Job, Outcome]]
+    jobs: list[Closed]
     stale: set[tuple[int, int]]
     seconds: float
     committed_at: float
@@ -143,7 +118,7 @@ class CompletionBatcher:
     def __init__(self, config: BatcherConfig, sink: FlushSink) -> None:
         self.config = config
         self.storage = Storage(config.schema)
-        self._q: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._q: queue.SimpleQueue[_Receipts | _Outcomes | _Stop] = queue.SimpleQueue()
         self._sink = sink
         self._remaining: dict[int, int] = {}  # claim_id -> outcomes still expected
         self._thread = threading.Thread(target=self._run, name="awa-batcher", daemon=True)
@@ -155,21 +130,21 @@ class CompletionBatcher:
 
     # -- producer side (claimer and handler threads) ----------------------------
 
-    def register_receipts(self, snapshots: Sequence[object]) -> None:
+    def register_receipts(self, snapshots: Sequence[ClaimSnapshot]) -> None:
         """Tell the batcher how many outcomes each receipt of a claim will produce."""
         counts: dict[int, int] = {}
         for s in snapshots:
-            cid = s.claim_id  # type: ignore[attr-defined]
+            cid = s.claim_id
             counts[cid] = counts.get(cid, 0) + 1
-        self._q.put(("receipts", counts))
+        self._q.put(_Receipts(counts))
 
-    def submit(self, job: Job, outcome: Outcome) -> None:
+    def submit(self, job: Job, outcome: Outcome | Unwritten) -> None:
         """Queue one attempt's outcome for the next flush."""
-        self._q.put([(job, outcome)])
+        self._q.put(_Outcomes([(job, outcome)]))
 
-    def submit_many(self, outcomes: list[tuple[Job, Outcome]]) -> None:
+    def submit_many(self, outcomes: list[Closed]) -> None:
         """Queue several attempts' outcomes (one hand-off) for the next flush."""
-        self._q.put(outcomes)
+        self._q.put(_Outcomes(outcomes))
 
     def start(self) -> None:
         self._thread.start()
@@ -196,15 +171,15 @@ class CompletionBatcher:
         stopping = False
         while not stopping:
             item = self._q.get()
-            batch: list[tuple[Job, Outcome]] = []
+            batch: list[Closed] = []
             while True:
-                if item is _STOP:
-                    stopping = True
-                elif isinstance(item, tuple):  # ("receipts", {claim_id: n})
-                    for cid, n in item[1].items():
+                if type(item) is _Outcomes:
+                    batch.extend(item.items)
+                elif type(item) is _Receipts:
+                    for cid, n in item.counts.items():
                         self._remaining[cid] = self._remaining.get(cid, 0) + n
                 else:
-                    batch.extend(item)  # type: ignore[arg-type]
+                    stopping = True
                 if len(batch) >= self.config.flush_max:
                     break
                 try:
@@ -221,7 +196,7 @@ class CompletionBatcher:
             self._conn = connect(self.config.dsn, application_name=self.config.application_name)
         return self._conn
 
-    def _flush_with_retry(self, batch: list[tuple[Job, Outcome]]) -> None:
+    def _flush_with_retry(self, batch: list[Closed]) -> None:
         delay = 0.05
         replay = False
         while True:
@@ -255,7 +230,7 @@ class CompletionBatcher:
                     self._flush_with_retry([one])
                 return
 
-    def _forget(self, batch: list[tuple[Job, Outcome]]) -> None:
+    def _forget(self, batch: list[Closed]) -> None:
         for job, _ in batch:
             cid = job.snapshot.claim_id
             left = self._remaining.get(cid, 1) - 1
@@ -265,7 +240,7 @@ class CompletionBatcher:
                 self._remaining[cid] = left
         self._sink.flushed(FlushReport(batch, {(j.id, j.run_lease) for j, _ in batch}, 0.0, time.time()))
 
-    def _flush(self, batch: list[tuple[Job, Outcome]], replay: bool = False) -> None:
+    def _flush(self, batch: list[Closed], replay: bool = False) -> None:
         t0 = time.perf_counter()
         conn = self._connection()
         self.guard.begin(conn)
@@ -274,30 +249,34 @@ class CompletionBatcher:
         finally:
             self.guard.end()
 
-    def _flush_on(self, conn: psycopg.Connection, batch: list[tuple[Job, Outcome]], t0: float,
+    def _flush_on(self, conn: psycopg.Connection, batch: list[Closed], t0: float,
                   replay: bool = False) -> None:
         completes = []
-        others = []
-        results: list[tuple[Job, ResultCompletion]] = []
+        others: list[tuple[ClaimSnapshot, int, float | None, str | None]] = []
+        results: list[tuple[Job, RawJson]] = []
         per_receipt: dict[int, list[int]] = {}  # claim_id -> [completions, all]
         known_stale: list[tuple[int, int]] = []
         for job, outcome in batch:
             s = job.snapshot
             counts = per_receipt.setdefault(s.claim_id, [0, 0])
             counts[1] += 1
-            if outcome is RELEASE:
-                continue
-            if outcome is STALE:
-                known_stale.append((s.job_id, s.run_lease))
-                continue
-            if outcome is None and not job.lease_backed:
+            if outcome is COMPLETED:  # the common case first: a plain completion
+                if not job.lease_backed:
+                    completes.append(s)
+                    counts[0] += 1
+                else:
+                    others.append((s, CloseCode.COMPLETE, None, None))
+            elif type(outcome) is Unwritten:
+                if outcome is Unwritten.STALE:
+                    known_stale.append((s.job_id, s.run_lease))
+            elif outcome.result is not None:
+                r = outcome.result  # encode_payload's RawJson already (sent as jsonb, not bytea)
+                results.append((job, r if type(r) is RawJson else RawJson(r)))
+            elif outcome.code is CloseCode.COMPLETE and not job.lease_backed:
                 completes.append(s)
                 counts[0] += 1
-            elif type(outcome) is ResultCompletion:
-                results.append((job, outcome))
             else:
-                code, delay, error = outcome if outcome is not None else (CLOSE_COMPLETE, None, None)
-                others.append((s, code, delay, error))
+                others.append((s, outcome.code, outcome.delay, outcome.error))
         whole = []
         for cid, (n_complete, n_all) in per_receipt.items():
             if n_complete == n_all and self._remaining.get(cid) == n_all:
@@ -329,10 +308,10 @@ class CompletionBatcher:
         stale.update(known_stale)
         self._after_flush(batch, per_receipt, stale, t0)
 
-    def _flush_with_results(self, conn: psycopg.Connection, batch: list[tuple[Job, Outcome]],
+    def _flush_with_results(self, conn: psycopg.Connection, batch: list[Closed],
                             completes: list[ClaimSnapshot], others: list[tuple[ClaimSnapshot, int, float | None,
                                                                                str | None]],
-                            results: list[tuple[Job, ResultCompletion]], whole: list[tuple[int, int]],
+                            results: list[tuple[Job, RawJson]], whole: list[tuple[int, int]],
                             with_state: list[ClaimSnapshot], stateful: set[tuple[int, int]],
                             per_receipt: dict[int, list[int]], t0: float, replay: bool) -> None:
         """A flush with result-carrying completions in it (the plain path above never comes here).
@@ -344,7 +323,7 @@ class CompletionBatcher:
         in one transaction after locking every receipt of the flush up
         front, ascending (the one lock order).
         """
-        items = [(j.snapshot, j.lease_backed, o.result) for j, o in results]
+        items = [(j.snapshot, j.lease_backed, r) for j, r in results]
         stale: set[tuple[int, int]] = set()
         if not completes and not others:
             stale.update(self.storage.receipt_complete_results(conn, items, stateful))
@@ -382,7 +361,7 @@ class CompletionBatcher:
                      extra={"action": "replayed_completions"})
         return own
 
-    def _after_flush(self, batch: list[tuple[Job, Outcome]], per_receipt: dict[int, list[int]],
+    def _after_flush(self, batch: list[Closed], per_receipt: dict[int, list[int]],
                      stale: set[tuple[int, int]], t0: float) -> None:
         committed = time.time()
         for cid, (_, n_all) in per_receipt.items():

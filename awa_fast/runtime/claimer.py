@@ -36,20 +36,20 @@ from awa_fast.errors import DatabaseUnavailable
 from awa_fast.jobs import MAX_PROGRESS_BYTES, AttemptClosed, ClaimSnapshot, Job, JobSpec
 from awa_fast.limits import LimitWatch
 from awa_fast.runtime.attempts import AttemptTable, Key
-from awa_fast.runtime.batcher import RELEASE, BatcherConfig, CompletionBatcher, FlushReport
+from awa_fast.outcomes import Unwritten
+from awa_fast.runtime.batcher import BatcherConfig, CompletionBatcher, FlushReport
 from awa_fast.runtime.entry import claimer_main, die_with_parent
-from awa_fast.runtime.executor import Executor, error_text, failure_text, timeout_text
+from awa_fast.runtime.executor import Executor
+from awa_fast.runtime.handler_outcome import error_text, failure_text, timeout_text
 from awa_fast.runtime.heartbeat import Heartbeat, HeartbeatConfig
 from awa_fast.runtime.listener import Listener, ListenerConfig
 from awa_fast.runtime.watchdog import IoGuard, Watchdog, WatchdogConfig
-from awa_fast.storage import CLOSE_CANCEL, CLOSE_FAIL, CLOSE_RETRY, CLOSE_SNOOZE, Storage, close_quietly, connect, use_raw_jsonb
+from awa_fast.storage import Storage, close_quietly, connect, use_raw_jsonb
 
 __all__ = ["LOCAL_WORK_S", "Claimer", "ClaimerConfig", "next_claim_size", "claimer_main", "die_with_parent", "error_text", "failure_text",
            "next_busy_pause", "timeout_text"]
 
 log = logging.getLogger("awa_fast.claimer")
-
-_OUTCOME_NAMES = {CLOSE_RETRY: "retried", CLOSE_SNOOZE: "snoozed", CLOSE_CANCEL: "cancelled", CLOSE_FAIL: "failed"}
 # A short claim of fewer rows than this may wait for a NOTIFY. Producers
 # skip the NOTIFY while a lane has 64+ rows not covered by committed
 # receipts, so rows of claims still committing count as backlog: it takes
@@ -439,14 +439,12 @@ class Claimer:
             finished = getattr(job, "finished_at", 0.0)  # unset: the handler never ran
             if finished:
                 handler.append(finished - job.started_at)
-            if outcome is RELEASE:
+            if outcome is Unwritten.PARKED:
                 continue
-            if key in report.stale:
+            if key in report.stale or outcome is Unwritten.STALE:
                 what = "stale"
-            elif outcome is None:
-                what = "completed"
             else:
-                what = _OUTCOME_NAMES.get(outcome[0], "completed")
+                what = outcome.code.closed_as
             st[what] += 1
             if closed is not None:
                 closed.append(AttemptClosed(job.id, job.run_lease, job.kind, what, job.started_at or 0.0,

@@ -16,6 +16,8 @@ thread calls :meth:`Executor.check_timeouts`; the heartbeat thread calls
 :meth:`Executor.attempts_lost` and :meth:`Executor.cancel_requested`.
 Finished attempts go to the batcher with one ``submit_many`` per hand-off,
 and :meth:`ExecutorHooks.released` frees their capacity in the claim loop.
+What a handler's result or exception becomes is in
+:mod:`awa_fast.runtime.handler_outcome`.
 """
 
 from __future__ import annotations
@@ -25,84 +27,25 @@ import logging
 import queue
 import threading
 import time
-import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import msgspec
 
 from awa_fast import hooks as _attempt_hooks
 from awa_fast.errors import ConfigError, TerminalError
-from awa_fast.jobs import Cancel, Job, JobSpec, RetryAfter, Snooze, WaitForCallback, attempt_timeout
+from awa_fast.jobs import Job, JobSpec, attempt_timeout
+from awa_fast.outcomes import CloseCode, Outcome, Unwritten
 from awa_fast.runtime.attempts import AttemptTable, Key
-from awa_fast.runtime.batcher import RELEASE, STALE, CompletionBatcher, Outcome, result_outcome
-from awa_fast.storage import CLOSE_CANCEL, CLOSE_FAIL, CLOSE_RETRY, CLOSE_SNOOZE, clean_text
+from awa_fast.runtime.batcher import CompletionBatcher
+from awa_fast.runtime.handler_outcome import (error_text, failure_text, one_line, returned_outcome, timeout_text,
+                                              unknown_kind_text)
 
 log = logging.getLogger("awa_fast.claimer")
 
-_MAX_ERROR = 8192
-_MAX_TRACEBACK = 4096  # the tail of a handler's traceback stored with its error (within _MAX_ERROR)
-
-
-def error_text(exc: BaseException | str) -> str:
-    """Error text safe to store: no NUL, no lone surrogates, at most 8 KiB.
-
-    Names the exception's type always (``SystemExit: 3``, ``KeyboardInterrupt``),
-    even when its ``__str__`` is empty or itself raises.
-    """
-    if isinstance(exc, str):
-        text = exc
-    else:
-        name = type(exc).__name__
-        try:
-            detail = str(exc)
-            text = f"{name}: {detail}" if detail else name
-        except BaseException:  # noqa: BLE001 - an exception whose __str__ fails (or raises SystemExit)
-            text = name
-    return clean_text(text, _MAX_ERROR) or ""
-
-
-def failure_text(exc: BaseException) -> str:
-    """A handler's exception as stored with its attempt: ``error_text(exc)``, then the last
-    4 KiB of its traceback, at most 8 KiB in all (the first line stays the ``Name: detail``)."""
-    head = error_text(exc)
-    try:
-        tb = "".join(traceback.format_exception(exc))
-    except BaseException:  # noqa: BLE001 - a traceback that cannot be formatted: the summary alone
-        return head
-    if len(tb) > _MAX_TRACEBACK:
-        tb = "..." + tb[-_MAX_TRACEBACK:]
-    return clean_text(f"{head[:_MAX_ERROR - _MAX_TRACEBACK - 8]}\n{tb.rstrip()}", _MAX_ERROR) or head
-
-
-def _one_line(text: str, limit: int = 1000) -> str:
-    first = text.split("\n", 1)[0]
-    return first if len(first) <= limit else first[:limit] + "..."
-
-
-def timeout_text(timeout: float) -> str:
-    """The error stored with an attempt closed by its kind's timeout."""
-    return f"timed out after {timeout:g} s"
-
-
-def _unknown_kind_text(kind: str) -> str:
-    return f"no handler registered for kind {kind!r} in this worker"
-
-
-def _seconds(value: object) -> float:
-    try:
-        v = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return 0.0
-    if v != v or v < 0:
-        return 0.0
-    return min(v, 10 * 365 * 86400.0)
-
-
-# A handler parked its attempt for a callback: nothing to write.
-_PARKED = object()
-# Claimed but never started when the drain began: given back without consuming an attempt.
-_HAND_BACK = object()
+# Claimed but never started when the drain began: given back without consuming an attempt
+# (one shared record, told apart by identity from a handler's own Snooze).
+_HAND_BACK = Outcome(CloseCode.SNOOZE, 0.0)
 
 
 class ExecutorHooks(Protocol):
@@ -226,10 +169,10 @@ class Executor:
                 return n
             if chunk is None:
                 continue
-            self._batcher.submit_many([(job, (CLOSE_SNOOZE, 0.0, None)) for job in chunk])
+            self._batcher.submit_many([(job, _HAND_BACK) for job in chunk])
             n += len(chunk)
 
-    def stop(self, deadline: float, outstanding: Any) -> bool:
+    def stop(self, deadline: float, outstanding: Callable[[], int]) -> bool:
         """Let running handlers end until ``deadline`` (monotonic); True if every one did.
 
         ``outstanding()``: the claimer's count of attempts not yet handed on
@@ -296,7 +239,7 @@ class Executor:
             self._unknown_logged.add(kind)
             log.warning("no handler for kind %r in this worker: its jobs are retried with backoff "
                         "(the DLQ takes them when their attempts run out)", kind, extra={"action": "unknown_kind"})
-        self._finish([(j, (CLOSE_RETRY, None, _unknown_kind_text(j.kind))) for j in jobs])
+        self._finish([(j, Outcome(CloseCode.RETRY, error=unknown_kind_text(j.kind))) for j in jobs])
 
     def _chunk_size(self, n: int) -> int:
         """Jobs per worker hand-off: spread over all workers, but ~2 ms of work at least.
@@ -334,7 +277,7 @@ class Executor:
             chunk = self._work.get()
             if chunk is None:
                 return
-            done: list[tuple[Job, Outcome | object]] = []
+            done: list[tuple[Job, Outcome | Unwritten]] = []
             t0 = perf()
             try:
                 for i, job in enumerate(chunk):
@@ -355,10 +298,10 @@ class Executor:
                 avg = self._avg_handler_s
                 self._avg_handler_s = per_job if avg is None else 0.8 * avg + 0.2 * per_job
 
-    def _run_sync(self, job: Job) -> Outcome | object:
+    def _run_sync(self, job: Job) -> Outcome | Unwritten:
         spec = self.registry.get(job.kind)
         if spec is None:
-            return (CLOSE_RETRY, None, _unknown_kind_text(job.kind))
+            return Outcome(CloseCode.RETRY, error=unknown_kind_text(job.kind))
         if self._slots is None:
             return self._run_sync_attempt(job, spec)
         self._slots.acquire(spec.weight)  # weighted kinds registered: every sync attempt takes its slots
@@ -367,7 +310,7 @@ class Executor:
         finally:
             self._slots.release(spec.weight)
 
-    def _run_sync_attempt(self, job: Job, spec: JobSpec) -> Outcome | object:
+    def _run_sync_attempt(self, job: Job, spec: JobSpec) -> Outcome | Unwritten:
         job.started_at = time.time()
         timeout = attempt_timeout(job, spec)
         if timeout is not None:
@@ -375,10 +318,10 @@ class Executor:
         try:
             scope = _attempt_hooks.around  # tracing / log context (awa_fast/hooks.py): None unless enabled
             if scope is None:
-                return self._outcome(job, spec.handler(job))
+                return returned_outcome(job, spec.handler(job))
             with scope(job):
                 result = spec.handler(job)
-            return self._outcome(job, result)
+            return returned_outcome(job, result)
         except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt, ... retry like any failure
             return self._failed(job, spec, exc)
         finally:
@@ -407,7 +350,7 @@ class Executor:
 
     async def _run_async(self, job: Job) -> None:
         assert self._async_slots is not None and self._async_weight_gate is not None
-        outcome: Outcome | object = _HAND_BACK
+        outcome: Outcome | Unwritten = _HAND_BACK
         slots = self._async_slots
         weight = self.registry[job.kind].weight
         taken = 0
@@ -432,7 +375,7 @@ class Executor:
                 slots.release()
             self._finish([(job, outcome)])
 
-    async def _run_async_handler(self, job: Job) -> Outcome | object:
+    async def _run_async_handler(self, job: Job) -> Outcome | Unwritten:
         spec = self.registry[job.kind]
         job.started_at = time.time()
         timeout = attempt_timeout(job, spec)
@@ -441,10 +384,10 @@ class Executor:
         try:
             scope = _attempt_hooks.around  # tracing / log context (awa_fast/hooks.py): None unless enabled
             if scope is None:
-                return self._outcome(job, await spec.handler(job))
+                return returned_outcome(job, await spec.handler(job))
             with scope(job):
                 result = await spec.handler(job)
-            return self._outcome(job, result)
+            return returned_outcome(job, result)
         except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt, CancelledError, ...
             if isinstance(exc, asyncio.CancelledError) and job._cancelled:  # noqa: SLF001 - we cancelled it
                 return self._interrupted(job, exc)
@@ -461,24 +404,24 @@ class Executor:
         kind's ``args_type`` (retrying cannot fix them). Anything else retries. The stored
         error carries the tail of the traceback.
         """
-        code = CLOSE_RETRY
+        code = CloseCode.RETRY
         text = None
         if isinstance(exc, TerminalError):
-            code = CLOSE_FAIL
+            code = CloseCode.FAIL
         elif isinstance(exc, msgspec.ValidationError) and spec.args_type is not None and self._bad_args(job):
-            code = CLOSE_FAIL
+            code = CloseCode.FAIL
             text = error_text(f"job args do not match args_type {getattr(spec.args_type, '__name__', spec.args_type)}"
                               f": {error_text(exc)}")
         if text is None:
             text = failure_text(exc)
         if not job.is_abandoned():  # a rescued or timed-out attempt's failure is written by no one
             log.warning("job %d (kind %r, attempt %d) %s: %s", job.id, job.kind, job.attempt,
-                        "failed for good" if code == CLOSE_FAIL else "failed", _one_line(text),
+                        "failed for good" if code == CloseCode.FAIL else "failed", one_line(text),
                         extra={"action": "handler_error"})
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("traceback of job %d (attempt %d)", job.id, job.attempt, exc_info=exc,
                           extra={"action": "handler_traceback"})
-        return (code, None, text)
+        return Outcome(code, error=text)
 
     @staticmethod
     def _bad_args(job: Job) -> bool:
@@ -491,7 +434,7 @@ class Executor:
             return False
         return False
 
-    def _interrupted(self, job: Job, exc: BaseException) -> Outcome | object:
+    def _interrupted(self, job: Job, exc: BaseException) -> Outcome | Unwritten:
         """The outcome of an attempt whose handler raised ``exc`` (anything but TerminalError).
 
         A CancelledError after this claimer cancelled the task is no failure:
@@ -500,40 +443,14 @@ class Executor:
         """
         if isinstance(exc, asyncio.CancelledError):
             if job.is_abandoned():
-                return STALE
+                return Unwritten.STALE
             if job._cancelled:  # noqa: SLF001
-                return (CLOSE_CANCEL, None, "cancelled while running (cancel requested)")
-        return (CLOSE_RETRY, None, failure_text(exc))
+                return Outcome(CloseCode.CANCEL, error="cancelled while running (cancel requested)")
+        return Outcome(CloseCode.RETRY, error=failure_text(exc))
 
-    def _outcome(self, job: Job, result: object) -> Outcome | object:
-        if result is None:
-            return None
-        if isinstance(result, RetryAfter):
-            return (CLOSE_RETRY, _seconds(result.seconds), error_text(result.reason or "retry requested"))
-        if isinstance(result, Snooze):
-            return (CLOSE_SNOOZE, _seconds(result.seconds), None)
-        if isinstance(result, Cancel):
-            return (CLOSE_CANCEL, None, error_text(result.reason))
-        if isinstance(result, WaitForCallback):
-            if not job.lease_backed:
-                try:
-                    job.register_callback(_seconds(result.timeout))
-                except Exception as exc:  # noqa: BLE001 - registration failed: retry the job
-                    return (CLOSE_RETRY, None, error_text(exc))
-            return _PARKED
-        # Any other value is the job's result: it completes the attempt and is
-        # stored (checked like enqueue args); one that cannot be stored retries.
-        return result_outcome(result)
-
-    def _finish(self, done: list[tuple[Job, Outcome | object]]) -> None:
+    def _finish(self, done: list[tuple[Job, Outcome | Unwritten]]) -> None:
         """Hand finished attempts to the batcher and free their local capacity."""
-        parked = []
-        for i, (job, outcome) in enumerate(done):
-            if outcome is _HAND_BACK:
-                done[i] = (job, (CLOSE_SNOOZE, 0.0, None))
-            elif outcome is _PARKED:
-                parked.append(job)
-                done[i] = (job, RELEASE)
+        parked = [job for job, outcome in done if outcome is Unwritten.PARKED]
         if parked:
             self._attempts.parked(parked)
         n = len(done)
@@ -542,7 +459,7 @@ class Executor:
         if self._abandoned:
             self._abandoned_returned(done)
         if done:
-            self._batcher.submit_many(done)  # type: ignore[arg-type]
+            self._batcher.submit_many(done)
         self._hooks.released(n)  # a timed-out attempt's capacity is freed here, once, when its handler ends
 
     # -- handler timeouts -------------------------------------------------------------
@@ -551,7 +468,7 @@ class Executor:
         with self._timed_lock:
             self._timed[(job.id, job.run_lease)] = [time.monotonic() + timeout, job, timeout, False]
 
-    def _disarm(self, done: list[tuple[Job, Outcome | object]]) -> list[tuple[Job, Outcome | object]]:
+    def _disarm(self, done: list[tuple[Job, Outcome | Unwritten]]) -> list[tuple[Job, Outcome | Unwritten]]:
         """Take finished attempts out of the timeout watch; drop the outcome of one already timed out.
 
         Under the lock, so an attempt's outcome is either its handler's (the watchdog has not
@@ -608,9 +525,10 @@ class Executor:
             for _, job, _, _ in fired:
                 job._stale = True  # noqa: SLF001 - whatever the handler returns now is discarded
                 job._cancelled = True  # noqa: SLF001
-            out = [(job, (CLOSE_RETRY, None, timeout_text(timeout))) for _, job, timeout, _ in fired]
+            out: list[tuple[Job, Outcome | Unwritten]] = [
+                (job, Outcome(CloseCode.RETRY, error=timeout_text(timeout))) for _, job, timeout, _ in fired]
             # submitted under the lock: the drain cannot stop the batcher between fire and submit
-            self._batcher.submit_many(out)  # type: ignore[arg-type]
+            self._batcher.submit_many(out)
         for _, job, timeout, _ in fired:
             kind = "async" if self.is_async(job) else "sync"
             log.warning("job %d (kind %r, attempt %d) timed out after %g s: closed as a retry; its %s handler %s",
@@ -673,7 +591,7 @@ class Executor:
         except RuntimeError:  # the loop is closed: nothing runs there any more
             pass
 
-    def _abandoned_returned(self, done: list[tuple[Job, Outcome | object]]) -> None:
+    def _abandoned_returned(self, done: list[tuple[Job, Outcome | Unwritten]]) -> None:
         """Abandoned sync handlers that returned: nothing to write, and no longer counted."""
         changed = False
         with self._abandoned_lock:
@@ -681,7 +599,7 @@ class Executor:
                 key = (job.id, job.run_lease)
                 if key in self._abandoned:
                     self._abandoned.discard(key)
-                    done[i] = (job, STALE)
+                    done[i] = (job, Unwritten.STALE)
                     changed = True
         if changed:
             self.publish_abandoned()

@@ -28,7 +28,6 @@ from awa_fast import proctitle
 from awa_fast.errors import DatabaseUnavailable
 from awa_fast.runtime.shm.layout import RINGS  # the one ring order (also the shared-memory section's)
 from awa_fast.storage import Storage, close_quietly, connect
-from awa_fast.storage.schema import render
 
 log = logging.getLogger("awa_fast.maintenance")
 
@@ -84,13 +83,12 @@ class Maintenance:
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = connect(self.config.dsn, application_name=f"awa_fast:maintenance:{self.config.schema}")
-            row = self._conn.execute(render("SELECT pg_try_advisory_lock(__SCHEMA__.lock_key('leader'), 0)",
-                                            self.config.schema)).fetchone()
+            won = self.storage.leader_lock_try(self._conn)
         except (psycopg.Error, DatabaseUnavailable) as exc:
             log.warning("leader election failed: %s", exc, extra={"action": "election_error"})
             self._drop_connection()
             return False
-        if row and row[0]:
+        if won:
             self._leader = True
             self.leader_since = time.time()
             # A new leader rotates only after a full interval of its own.

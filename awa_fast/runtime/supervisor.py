@@ -23,6 +23,7 @@ from multiprocessing.connection import wait
 from typing import Any
 
 import multiprocess
+import psycopg
 
 from awa_fast import proctitle
 from awa_fast.client import validate_name
@@ -48,6 +49,8 @@ ADAPTIVE_BATCH_MAX = 1024
 class QueueSpec:
     """How one queue is served: stripes (claimer processes), concurrency each, claim batch.
 
+    ``stripes`` 0 means the queue's stored ``stripes`` setting (``queue_meta``,
+    1 unless configured), read once at start by :func:`resolve_stripes`.
     ``batch`` is the most a claim takes and so the most jobs held locally
     beyond the running ones. 0 (the default) sizes claims from the backlog:
     from ``max(16, concurrency)`` up to :data:`ADAPTIVE_BATCH_MAX` while claims come back
@@ -55,7 +58,7 @@ class QueueSpec:
     """
 
     name: str
-    stripes: int = 1
+    stripes: int = 0
     concurrency: int = 64
     batch: int = 0
 
@@ -68,6 +71,18 @@ class QueueSpec:
     def adaptive_batch(self) -> bool:
         """True when no ``batch`` was given: claims are sized from the backlog."""
         return self.batch == 0
+
+
+def resolve_stripes(storage: Storage, conn: psycopg.Connection,
+                    queues: tuple[QueueSpec, ...]) -> tuple[QueueSpec, ...]:
+    """``queues`` with every unset stripe count (0) replaced by the queue's stored setting.
+
+    The queues must exist (``Storage.queue_ensure``). One query, at start only.
+    """
+    if all(q.stripes for q in queues):
+        return queues
+    stored = {s["queue"]: int(s["stripes"]) for s in storage.queue_settings(conn)}
+    return tuple(q if q.stripes else replace(q, stripes=max(1, stored.get(q.name, 1))) for q in queues)
 
 
 def parse_queue_spec(text: str) -> QueueSpec:
@@ -216,12 +231,12 @@ class Supervisor:
         conn = connect(self.config.dsn, application_name="awa_fast:supervisor")
         try:
             storage.schema_check(conn)
-            row = conn.execute("SHOW wal_level").fetchone()
-            if row and row[0] == "minimal":
+            if storage.server_wal_level(conn) == "minimal":
                 raise ConfigError("wal_level=minimal can rewind a new lane's cursor sequence after a crash "
                                   "(jobs stranded or enqueued twice): set wal_level=replica and restart PostgreSQL")
             for q in self.config.queues:
                 storage.queue_ensure(conn, q.name)
+            self.config = replace(self.config, queues=resolve_stripes(storage, conn, self.config.queues))
             sync_app_schedules(conn, storage, self.config.app_ref)  # declared periodic jobs -> schedules
         finally:
             conn.close()
@@ -243,6 +258,7 @@ class Supervisor:
         except AwaFastError as exc:
             log.error("%s", exc, extra={"action": "supervisor_exit"})
             return EXIT_CONFIG
+        cfg = self.config  # stripe counts resolved against the stored settings
         slots = [(q.name, i) for q in cfg.queues for i in range(q.stripes)]
         shm_name = self._create_ring(slots)
         index = 0

@@ -1,4 +1,7 @@
-"""Value types of the storage layer: raw JSON pass-through, lane ranges, attempt results, close codes."""
+"""Value types of the storage layer: raw JSON pass-through, lane ranges, attempt results, close codes.
+
+The close codes are defined once, as :class:`awa_fast.outcomes.CloseCode`; ``CLOSE_*`` are its members.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +12,8 @@ from dataclasses import dataclass
 import psycopg
 from psycopg.adapt import Buffer, Dumper, Loader
 from psycopg.pq import Format
+
+from awa_fast.outcomes import CloseCode
 
 JSONB_OID = 3802
 
@@ -69,12 +74,12 @@ class AttemptResult:
     status: str
 
 
-# attempt_close outcome codes (sql/0002_storage_functions.sql)
-CLOSE_COMPLETE = 1
-CLOSE_FAIL = 2
-CLOSE_CANCEL = 3
-CLOSE_RETRY = 4
-CLOSE_SNOOZE = 5
+# attempt_close outcome codes: the members of awa_fast.outcomes.CloseCode under their older names
+CLOSE_COMPLETE = CloseCode.COMPLETE
+CLOSE_FAIL = CloseCode.FAIL
+CLOSE_CANCEL = CloseCode.CANCEL
+CLOSE_RETRY = CloseCode.RETRY
+CLOSE_SNOOZE = CloseCode.SNOOZE
 
 
 def as_jsonb(payloads: Sequence[bytes]) -> list[RawJson]:
