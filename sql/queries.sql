@@ -11,6 +11,14 @@ SELECT __SCHEMA__.job_enqueue(%s::text, %s::int, %s::text, %s::jsonb, %s::jsonb,
 -- Enqueue one job to run after a delay in seconds, measured by the database clock.
 SELECT __SCHEMA__.job_enqueue(%s::text, %s::int, %s::text, %s::jsonb, %s::jsonb, %s::int, now() + make_interval(secs => %s::float8))
 
+-- name: job_enqueue_v2
+-- Enqueue one job in the caller's transaction, one PL/pgSQL frame (0016): preferred lane, lock, rows, notify.
+SELECT __SCHEMA__.job_enqueue_v2(%s::text, %s::int, %s::text, %s::jsonb, %s::jsonb, %s::int, %s::timestamptz)
+
+-- name: job_enqueue_v2_in
+-- Enqueue one job to run after a delay in seconds (database clock), through job_enqueue_v2.
+SELECT __SCHEMA__.job_enqueue_v2(%s::text, %s::int, %s::text, %s::jsonb, %s::jsonb, %s::int, now() + make_interval(secs => %s::float8))
+
 -- name: job_enqueue_many
 -- Enqueue many jobs of one kind with one lane range (one statement).
 SELECT __SCHEMA__.job_enqueue_many(%s::text, %s::int, %s::text, %s::jsonb[], %s::jsonb, %s::int)

@@ -88,12 +88,16 @@ class Storage(SessionQueries):
     def job_enqueue(self, conn: psycopg.Connection, queue: str, priority: int, kind: str, args: RawJson,
                     metadata: RawJson | None, max_attempts: int, run_at: _dt.datetime | None = None,
                     delay: float | None = None) -> int:
-        """Enqueue one job on ``conn`` (in its current transaction); returns the job id."""
+        """Enqueue one job on ``conn`` (in its current transaction); returns the job id.
+
+        Calls ``job_enqueue_v2`` (migration 0016): one SQL function frame for the lane lock, the
+        rows and the NOTIFY decision. ``job_enqueue`` stays in the schema for the previous runtime.
+        """
         if delay is not None and delay > 0:
-            row = conn.execute(self.q["job_enqueue_in"],
+            row = conn.execute(self.q["job_enqueue_v2_in"],
                                (queue, priority, kind, args, metadata, max_attempts, delay)).fetchone()
         else:
-            row = conn.execute(self.q["job_enqueue"],
+            row = conn.execute(self.q["job_enqueue_v2"],
                                (queue, priority, kind, args, metadata, max_attempts, run_at)).fetchone()
         assert row is not None
         return int(row[0])
@@ -103,10 +107,10 @@ class Storage(SessionQueries):
                                 run_at: _dt.datetime | None = None, delay: float | None = None) -> int:
         """Async twin of :meth:`job_enqueue`."""
         if delay is not None and delay > 0:
-            cur = await conn.execute(self.q["job_enqueue_in"],
+            cur = await conn.execute(self.q["job_enqueue_v2_in"],
                                      (queue, priority, kind, args, metadata, max_attempts, delay))
         else:
-            cur = await conn.execute(self.q["job_enqueue"],
+            cur = await conn.execute(self.q["job_enqueue_v2"],
                                      (queue, priority, kind, args, metadata, max_attempts, run_at))
         row = await cur.fetchone()
         assert row is not None
