@@ -94,10 +94,10 @@ class Storage(SessionQueries):
         rows and the NOTIFY decision. ``job_enqueue`` stays in the schema for the previous runtime.
         """
         if delay is not None and delay > 0:
-            row = conn.execute(self.q["job_enqueue_v2_in"],
+            row = conn.execute(self.q["job_enqueue_in"],
                                (queue, priority, kind, args, metadata, max_attempts, delay)).fetchone()
         else:
-            row = conn.execute(self.q["job_enqueue_v2"],
+            row = conn.execute(self.q["job_enqueue"],
                                (queue, priority, kind, args, metadata, max_attempts, run_at)).fetchone()
         assert row is not None
         return int(row[0])
@@ -107,10 +107,10 @@ class Storage(SessionQueries):
                                 run_at: _dt.datetime | None = None, delay: float | None = None) -> int:
         """Async twin of :meth:`job_enqueue`."""
         if delay is not None and delay > 0:
-            cur = await conn.execute(self.q["job_enqueue_v2_in"],
+            cur = await conn.execute(self.q["job_enqueue_in"],
                                      (queue, priority, kind, args, metadata, max_attempts, delay))
         else:
-            cur = await conn.execute(self.q["job_enqueue_v2"],
+            cur = await conn.execute(self.q["job_enqueue"],
                                      (queue, priority, kind, args, metadata, max_attempts, run_at))
         row = await cur.fetchone()
         assert row is not None
