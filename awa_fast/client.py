@@ -10,9 +10,7 @@ import contextlib
 import datetime as _dt
 import math
 import re
-import sys
-import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgspec
@@ -21,7 +19,9 @@ import psycopg
 
 from awa_fast import _impl
 from awa_fast import unique as _unique
-from awa_fast.errors import InvalidName, OutOfRange, PayloadError
+from awa_fast.errors import ConfigError, InvalidName, OutOfRange, PayloadError
+from awa_fast.limits import check_concurrency_key
+from awa_fast.progress import ProgressBar
 from awa_fast.storage import RawJson, Storage, connect
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:\-]{0,99}")
@@ -117,11 +117,58 @@ def encode_payload(obj: Any, what: str = "args", limit: int = MAX_PAYLOAD_BYTES)
     return RawJson(data)
 
 
+def encode_payloads(objs: Iterable[Any], what: str = "args", limit: int = MAX_PAYLOAD_BYTES) -> list[bytes]:
+    """:func:`encode_payload` of every item (``None`` is ``{}``), in order, or raise its :class:`PayloadError`.
+
+    The same checks, conversions and errors as one call per item: plain
+    dicts and lists are checked and encoded in one accelerated loop
+    (``dump_payloads``); any other item, and any item that loop declines
+    (a typed value to convert, a bad value, an oversized one), goes through
+    :func:`encode_payload` itself. The result holds ``bytes`` (some of them
+    :class:`RawJson`); both are sent as jsonb.
+    """
+    items = objs if type(objs) is list else list(objs)
+    out: list[bytes] = []
+    n = len(items)
+    i = 0
+    while True:
+        i = _impl.dump_payloads(items, i, out, MAX_DEPTH, limit, orjson.dumps)
+        if i >= n:
+            return out
+        obj = items[i]
+        out.append(encode_payload({} if obj is None else obj, what, limit))
+        i += 1
+
+
 def validate_chunk(chunk: object) -> int:
     """Rows per COPY of ``enqueue_many``: 1 to 1,000,000."""
     if isinstance(chunk, bool) or not isinstance(chunk, int) or not 1 <= chunk <= 1_000_000:
         raise OutOfRange("chunk", chunk, 1, 1_000_000)
     return chunk
+
+
+def _no_unique_with_key(unique: object, keyed: bool) -> None:
+    if unique and keyed:
+        raise ConfigError("unique= and concurrency_key= cannot be combined yet: enqueue unique jobs without a "
+                          "key, or keyed jobs without unique=")
+
+
+def keys_for_rows(concurrency_key: str | Sequence[str | None] | None, n: int) -> list[str | None] | None:
+    """The per-row keys of a bulk enqueue: None (no keys), one str for every row, or one key (or None) per row.
+
+    Raises :class:`InvalidName` for a bad key and :class:`ConfigError` for a list of the wrong length.
+    """
+    if concurrency_key is None:
+        return None
+    if isinstance(concurrency_key, str):
+        return [check_concurrency_key(concurrency_key)] * n
+    if not isinstance(concurrency_key, Sequence):
+        check_concurrency_key(concurrency_key)  # raises: neither a str nor a sequence of keys
+    keys = [check_concurrency_key(k) for k in concurrency_key]
+    if len(keys) != n:
+        raise ConfigError(f"concurrency_key has {len(keys)} keys for {n} jobs: give one key per job "
+                          "(None for a job without one), or a single str for all")
+    return keys if any(k is not None for k in keys) else None
 
 
 class Client:
@@ -179,14 +226,20 @@ class Client:
     def enqueue(self, kind: str, args: Any = None, *, queue: str | None = None, priority: int | None = None,
                 max_attempts: int | None = None, metadata: Any = None, run_at: _dt.datetime | None = None,
                 delay: float | None = None, conn: psycopg.Connection | None = None,
-                unique: _unique.Unique | bool | None = None) -> int:
+                unique: _unique.Unique | bool | None = None, concurrency_key: str | None = None) -> int:
         """Enqueue one job; returns its id. With ``conn`` it joins that connection's transaction.
 
         ``unique=awa_fast.Unique(...)`` raises :class:`awa_fast.UniqueConflict` when another job holds the key.
+        ``concurrency_key="customer:42"``: on a queue with ``key_max_running`` the job waits until
+        fewer than that many jobs of its key run (docs/flow-control.md); elsewhere it has no effect.
         """
+        key = check_concurrency_key(concurrency_key)
+        _no_unique_with_key(unique, key is not None)
         q, prio, kind, a, m, attempts, when, wait = self._prepare(
             kind, args, queue, priority, max_attempts, metadata, run_at, delay)
         with self._conn_scope(conn) as target:
+            if key is not None:
+                return self.storage.job_enqueue_keyed(target, q, prio, kind, a, m, attempts, when, wait, key)
             if unique:
                 return _unique.enqueue_one(self.storage, target, unique, q, prio, kind, a, m, attempts, when, wait)
             return self.storage.job_enqueue(target, q, prio, kind, a, m, attempts, when, wait)
@@ -195,10 +248,14 @@ class Client:
                             queue: str | None = None, priority: int | None = None,
                             max_attempts: int | None = None, metadata: Any = None,
                             run_at: _dt.datetime | None = None, delay: float | None = None,
-                            unique: _unique.Unique | bool | None = None) -> int:
-        """Enqueue one job on an async connection, inside its transaction."""
+                            unique: _unique.Unique | bool | None = None, concurrency_key: str | None = None) -> int:
+        """Enqueue one job on an async connection, inside its transaction (``concurrency_key`` as in :meth:`enqueue`)."""
+        key = check_concurrency_key(concurrency_key)
+        _no_unique_with_key(unique, key is not None)
         q, prio, kind, a, m, attempts, when, wait = self._prepare(
             kind, args, queue, priority, max_attempts, metadata, run_at, delay)
+        if key is not None:
+            return await self.storage.job_enqueue_keyed_async(conn, q, prio, kind, a, m, attempts, when, wait, key)
         if unique:
             return await _unique.enqueue_one_async(self.storage, conn, unique, q, prio, kind, a, m, attempts,
                                                    when, wait)
@@ -206,13 +263,13 @@ class Client:
 
     def _prepare_many(self, kind: str, args_list: Iterable[Any], queue: str | None, priority: int | None,
                       max_attempts: int | None, metadata: Any,
-                      progress: Any, chunk: int) -> tuple[str, int, list[RawJson], RawJson | None, int, Any]:
+                      progress: Any, chunk: int) -> tuple[str, int, list[bytes], RawJson | None, int, Any]:
         validate_chunk(chunk)
         validate_name("kind", kind)
         q = validate_name("queue", queue if queue is not None else self.default_queue)
         prio = validate_priority(PRIORITY_DEFAULT if priority is None else priority)
         attempts = validate_max_attempts(25 if max_attempts is None else max_attempts)
-        payloads = [encode_payload({} if a is None else a, "args", self.max_payload_bytes) for a in args_list]
+        payloads = encode_payloads(args_list, "args", self.max_payload_bytes)
         m = encode_payload(metadata, "metadata", self.max_payload_bytes) if metadata is not None else None
         if progress is True:
             progress = ProgressBar(len(payloads), f"enqueue {kind}")
@@ -222,8 +279,13 @@ class Client:
                      priority: int | None = None, max_attempts: int | None = None, metadata: Any = None,
                      conn: psycopg.Connection | None = None, chunk: int = 50_000,
                      progress: Any = None, return_ids: bool = False,
-                     unique: _unique.Unique | bool | None = None) -> Any:
+                     unique: _unique.Unique | bool | None = None,
+                     concurrency_key: str | Sequence[str | None] | None = None) -> Any:
         """Bulk-enqueue jobs of one kind by binary COPY; returns how many.
+
+        ``concurrency_key``: one str for every job, or one key (or None) per
+        job; keyed jobs go in one statement per chunk instead of COPY
+        (see :meth:`enqueue` and docs/flow-control.md).
 
         With ``unique=awa_fast.Unique(...)`` duplicates (within the call or
         held by another job) are skipped and the result is a
@@ -237,8 +299,24 @@ class Client:
         is called with the number of rows written so far. Returns how many,
         or the new job ids in order with ``return_ids=True``.
         """
+        if concurrency_key is not None and not isinstance(concurrency_key, (str, Sequence)):
+            check_concurrency_key(concurrency_key)
         q, prio, payloads, m, attempts, progress = self._prepare_many(
             kind, args_list, queue, priority, max_attempts, metadata, progress, chunk)
+        keys = keys_for_rows(concurrency_key, len(payloads))
+        _no_unique_with_key(unique, keys is not None)
+        if keys is not None:
+            with self._conn_scope(conn) as target:
+                scope = target.transaction() if target.autocommit else contextlib.nullcontext()
+                with scope:
+                    got: list[int] = []
+                    for start in range(0, len(payloads), chunk):
+                        got.extend(self.storage.job_enqueue_keyed_many(
+                            target, q, prio, kind, payloads[start:start + chunk], m, attempts,
+                            keys[start:start + chunk]))
+                        if progress is not None:
+                            progress(len(got))
+            return got if return_ids else len(got)
         if unique:
             with self._conn_scope(conn) as target:
                 return _unique.enqueue_many(self.storage, target, unique, q, prio, kind, payloads, m, attempts,
@@ -264,10 +342,25 @@ class Client:
                                  queue: str | None = None, priority: int | None = None,
                                  max_attempts: int | None = None, metadata: Any = None, chunk: int = 50_000,
                                  progress: Any = None, return_ids: bool = False,
-                                 unique: _unique.Unique | bool | None = None) -> Any:
+                                 unique: _unique.Unique | bool | None = None,
+                                 concurrency_key: str | Sequence[str | None] | None = None) -> Any:
         """Async twin of :meth:`enqueue_many` on an async connection (joins its transaction)."""
+        if concurrency_key is not None and not isinstance(concurrency_key, (str, Sequence)):
+            check_concurrency_key(concurrency_key)
         q, prio, payloads, m, attempts, progress = self._prepare_many(
             kind, args_list, queue, priority, max_attempts, metadata, progress, chunk)
+        keys = keys_for_rows(concurrency_key, len(payloads))
+        _no_unique_with_key(unique, keys is not None)
+        if keys is not None:
+            got: list[int] = []
+            kscope = conn.transaction() if conn.autocommit else contextlib.nullcontext()
+            async with kscope:  # type: ignore[attr-defined]
+                for start in range(0, len(payloads), chunk):
+                    got.extend(await self.storage.job_enqueue_keyed_many_async(
+                        conn, q, prio, kind, payloads[start:start + chunk], m, attempts, keys[start:start + chunk]))
+                    if progress is not None:
+                        progress(len(got))
+            return got if return_ids else len(got)
         if unique:
             return await _unique.enqueue_many_async(self.storage, conn, unique, q, prio, kind, payloads, m,
                                                     attempts, chunk, progress)
@@ -290,24 +383,3 @@ def _range_ids(rng: Any, n: int) -> range:
     """Job ids of a COPY into one reserved lane range: ``(lane_id << 40) | lane_seq``."""
     base = (rng.lane_id << 40) | rng.first_seq
     return range(base, base + n)
-
-
-class ProgressBar:
-    """A minimal stderr progress bar (drawn only on a terminal); call it with the count done."""
-
-    def __init__(self, total: int, label: str = "") -> None:
-        self.total = max(total, 1)
-        self.label = label
-        self.started = time.perf_counter()
-        self.tty = sys.stderr.isatty()
-
-    def __call__(self, done: int) -> None:
-        if not self.tty:
-            return
-        width = 30
-        filled = int(width * done / self.total)
-        rate = done / max(time.perf_counter() - self.started, 1e-9)
-        sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} {rate:,.0f}/s")
-        if done >= self.total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()

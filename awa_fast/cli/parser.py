@@ -189,6 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
                                           "'none' removes the limit")
     sp.add_argument("--max-rate", help="at most COUNT/PERIOD jobs started, e.g. 100/1s; 'none' removes the limit")
     sp.add_argument("--burst", type=float, help="with --max-rate: jobs that may start at once (default COUNT)")
+    sp.add_argument("--key-max-running", help="at most N jobs of one concurrency key running at once; "
+                                              "'none' removes the limit (waiting jobs then run)")
     sp.set_defaults(func=cmd_queue)
     for action, text in (("pause", "stop claims on a queue (running jobs finish)"),
                          ("resume", "let claims on a paused queue start again")):
@@ -222,9 +224,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--seconds", type=float, default=20.0)
     sp.add_argument("--concurrency", type=int, default=64)
     sp.add_argument("--stripes", type=int, default=2)
-    sp.add_argument("--batch", type=int, default=1024)
+    sp.add_argument("--batch", type=int, default=0,
+                    help="claim batch of the bench's supervisor (default 0: the supervise default, sized from the backlog)")
     sp.add_argument("--producers", type=int, default=10)
-    sp.add_argument("--save", action="store_true", help="also write the JSON to perf/results/")
+    sp.add_argument("--save", nargs="?", const=True, default=None, metavar="PATH",
+                    help="also write the JSON: to PATH (a .json file or a directory), else to ./perf/results/")
     sp.add_argument("--reclaim-seconds", type=float, default=None, help="pinned-reader: reclaim wait after unpin")
     sp.add_argument("--payload-bytes", type=int, default=None, metavar="N",
                     help="drain, bulk-enqueue: pad each job's args to about N bytes of JSON")

@@ -1,4 +1,0 @@
--- Placeholder for migration 0013, which another branch adds; p-enqueue needs 1..n numbering to
--- test its 0016. Delete this file when the real 0013 lands (merge of main).
--- compatible-with-previous: yes
-SELECT 1;
