@@ -8,7 +8,8 @@ import threading
 import psycopg
 import pytest
 
-from tests.integration.storage_helpers import claim, connect, enqueue, sqlx, wait_blocked, warm_lanes
+from tests.fixtures.database import connect, sqlx
+from tests.integration.storage_helpers import claim, enqueue, wait_blocked, warm_lanes
 
 Q = "q"
 
