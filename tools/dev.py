@@ -83,7 +83,7 @@ def install() -> None:
     pip_env = dict(os.environ)
     if os.environ.get("CI"):
         pip_env["AWA_FAST_REQUIRE_EXT"] = "1"  # a broken extension build must fail CI, not fall back
-    extras = f".[{extra},test,perf,metrics,web,browser-test,cron]"
+    extras = f".[{extra},test,perf,metrics,web,browser-test,cron,otel,proctitle]"
     print(f"dev.py: installing awa-fast{extras[1:]} into {VENV} (the first run takes a few minutes: it builds the "
           "Cython extension" + (" and psycopg's C implementation" if extra == "c" else "") + "; pip shows each step)",
           flush=True)

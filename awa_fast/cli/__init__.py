@@ -19,13 +19,13 @@ shares); :func:`main` is here.
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from collections.abc import Sequence
 
 import psycopg
 
+from awa_fast import logs
 from awa_fast.cli.context import _env, resolve_dsn
 from awa_fast.cli.parser import build_parser
 from awa_fast.cli.runtime import supervise_target
@@ -61,9 +61,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # --help or --version into `| head`
         return _quiet_broken_pipe()
     args.schema_given = bool(getattr(args, "schema", None)) or bool(_env("AWA_FAST_SCHEMA"))
-    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s", stream=sys.stderr)
+    logs.configure(str(args.log_level), args.log_format)  # JSON lines with --log-format json
     try:
+        if (_env("AWA_FAST_OTEL") or "0").lower() not in ("0", "false", "no", "off"):
+            from awa_fast import otel
+
+            otel.enable()  # with the global TracerProvider (the app module may install it)
         code = int(args.func(args) or 0)
         sys.stdout.flush()
         return code

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, NoReturn
 
-from awa_fast import cron_cli
+from awa_fast import cron_cli, logs
 from awa_fast.cli.context import _env
 from awa_fast.cli.db import cmd_db, cmd_migrate
 from awa_fast.cli.jobs import cmd_dlq, cmd_job, cmd_queue
@@ -72,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"awa-fast {__version__}")
     p.add_argument("--log-level", type=_log_levels, default=_env("AWA_FAST_LOG_LEVEL") or "INFO",
                    help="DEBUG, INFO, WARNING or ERROR (also after the command)")
+    p.add_argument("--log-format", type=logs.format_arg, default=_env("AWA_FAST_LOG_FORMAT") or "text",
+                   help="text, or json: one object per line (also after the command)")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
 
     def leaf(parent: Any, name: str, help_text: str, example: str, *, db: bool = True,
@@ -79,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
         sp = parent.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".",
                                epilog="example:\n  " + example, formatter_class=argparse.RawDescriptionHelpFormatter)
         sp.add_argument("--log-level", type=_log_levels, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        sp.add_argument("--log-format", type=logs.format_arg, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         if db:
             sp.add_argument("--dsn", help="PostgreSQL DSN (default: AWA_FAST_DSN, DATABASE_URL, else embedded)")
             sp.add_argument("--schema", default=None,
@@ -91,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     def group(name: str, help_text: str) -> Any:
         gp = sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
         gp.add_argument("--log-level", type=_log_levels, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        gp.add_argument("--log-format", type=logs.format_arg, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         return gp.add_subparsers(dest="action", required=True, parser_class=_Parser, metavar="ACTION")
 
     sp = leaf(sub, "migrate", "install or upgrade the schema (idempotent)", "awa-fast migrate --schema awa_fast")

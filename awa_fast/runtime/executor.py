@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from awa_fast import hooks as _attempt_hooks
 from awa_fast.errors import ConfigError, TerminalError
 from awa_fast.jobs import Cancel, Job, JobSpec, RetryAfter, Snooze, WaitForCallback, attempt_timeout
 from awa_fast.runtime.attempts import AttemptTable, Key
@@ -372,7 +373,12 @@ class Executor:
         if timeout is not None:
             self._arm_timeout(job, timeout)
         try:
-            return self._outcome(job, spec.handler(job))
+            scope = _attempt_hooks.around  # tracing / log context (awa_fast/hooks.py): None unless enabled
+            if scope is None:
+                return self._outcome(job, spec.handler(job))
+            with scope(job):
+                result = spec.handler(job)
+            return self._outcome(job, result)
         except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt, ... retry like any failure
             return self._failed(job, spec, exc)
         finally:
@@ -433,7 +439,12 @@ class Executor:
         if timeout is not None:
             self._arm_timeout(job, timeout)
         try:
-            return self._outcome(job, await spec.handler(job))
+            scope = _attempt_hooks.around  # tracing / log context (awa_fast/hooks.py): None unless enabled
+            if scope is None:
+                return self._outcome(job, await spec.handler(job))
+            with scope(job):
+                result = await spec.handler(job)
+            return self._outcome(job, result)
         except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt, CancelledError, ...
             if isinstance(exc, asyncio.CancelledError) and job._cancelled:  # noqa: SLF001 - we cancelled it
                 return self._interrupted(job, exc)

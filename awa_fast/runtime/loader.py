@@ -63,8 +63,11 @@ def load_app(ref: str):  # noqa: ANN201 - returns awa_fast.app.App
     if not sep or not module_name or not attr:
         raise ConfigError(f"app reference {ref!r} must look like 'package.module:app'")
     _make_importable(module_name)
+    from awa_fast.logs import user_config_window
+
     try:
-        module = importlib.import_module(module_name)
+        with user_config_window():  # a logging configuration in the app module wins over the CLI's
+            module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(f"cannot import {module_name!r} for app {ref!r}: {exc}") from None
     except SystemExit as exc:

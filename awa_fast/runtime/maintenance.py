@@ -24,6 +24,7 @@ from typing import Any
 import psycopg
 
 from awa_fast import periodic as _periodic
+from awa_fast import proctitle
 from awa_fast.errors import DatabaseUnavailable
 from awa_fast.runtime.shm.layout import RINGS  # the one ring order (also the shared-memory section's)
 from awa_fast.storage import Storage, close_quietly, connect
@@ -99,6 +100,7 @@ class Maintenance:
             self.counters["elections_won"] += 1
             log.info("maintenance leader elected (pid %d on %s)", os.getpid(), socket.gethostname(),
                      extra={"action": "leader_elected"})
+            proctitle.mark_leader(True)
         return self._leader
 
     def resign(self) -> None:
@@ -108,6 +110,7 @@ class Maintenance:
     def _drop_connection(self) -> None:
         if self._leader:
             log.info("maintenance leadership lost or resigned", extra={"action": "leader_lost"})
+            proctitle.mark_leader(False)
         self._leader = False
         self.leader_since = None
         close_quietly(self._conn)

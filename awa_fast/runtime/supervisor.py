@@ -24,6 +24,7 @@ from typing import Any
 
 import multiprocess
 
+from awa_fast import proctitle
 from awa_fast.client import validate_name
 from awa_fast.errors import AwaFastError, ConfigError, DatabaseUnavailable
 from awa_fast.periodic import sync_app_schedules
@@ -228,6 +229,8 @@ class Supervisor:
     def run(self) -> int:
         """Run until drained; returns the process exit code."""
         cfg = self.config
+        # A title (with setproctitle) replaces the whole command line; without one the password is masked.
+        proctitle.set_title(f"supervisor {cfg.app_ref}")
         if hide_dsn_password(cfg.dsn):
             log.info("the DSN's password is overwritten in this process's command line; pass the DSN in "
                      "AWA_FAST_DSN or keep the password in ~/.pgpass instead of --dsn",
@@ -301,7 +304,8 @@ class Supervisor:
         self._ring = None
 
     def _start(self, child: _Child) -> None:
-        proc = self._ctx.Process(target=child.target, args=child.args, name=child.name, daemon=False)
+        proc = self._ctx.Process(target=proctitle.titled(child.target, child.name), args=child.args,
+                                 name=child.name, daemon=False)
         proc.start()
         child.process = proc
         child.started = time.monotonic()

@@ -2,8 +2,8 @@
 
 Starlette for routing, Jinja2 templates (auto-escaped: job args are shown
 as text, never as markup), one small script for the live charts, served by
-uvicorn. Pages: overview, queues, jobs (list and detail), DLQ, runtime,
-storage. Every page has a JSON twin under ``/api``. Access rules are in
+uvicorn. Pages: overview, queues, jobs (list and detail), DLQ, periodic
+schedules, runtime, storage. Every page has a JSON twin under ``/api``. Access rules are in
 :mod:`awa_fast.web.security`: reads are open on the bound address (loopback
 by default), every action needs the admin token, browsers also a CSRF value,
 and ``read_only`` hides and refuses every action.
@@ -130,6 +130,9 @@ def create_app(backend: Backend, *, token: str, read_only: bool = False) -> Star
         return page(request, "dlq.html", entries=await run_in_threadpool(lambda: backend.dlq(queue=queue, limit=200)),
                     queue=queue or "")
 
+    async def periodic(request: Request) -> Response:
+        return page(request, "periodic.html", schedules=await run_in_threadpool(backend.schedules))
+
     async def runtime(request: Request) -> Response:
         return page(request, "runtime.html", data=await run_in_threadpool(backend.runtime))
 
@@ -204,6 +207,31 @@ def create_app(backend: Backend, *, token: str, read_only: bool = False) -> Star
             return _secure(JSONResponse({"queue": name, "paused": paused, "ok": ok}))
         return back("/queues", f"queue {name} {'paused' if paused else 'resumed'}")
 
+    @action
+    async def schedule_action(request: Request, form: dict[str, str]) -> Response:
+        name, verb = request.path_params["name"], request.path_params["verb"]
+        api = request.url.path.startswith("/api/")
+        if verb in ("pause", "resume"):
+            ok = await run_in_threadpool(backend.schedule_pause, name, verb == "pause")
+            result: dict[str, Any] = {"name": name, "paused": verb == "pause", "ok": ok}
+            text = f"schedule {name} {'paused' if verb == 'pause' else 'resumed'}"
+        elif verb == "trigger":
+            outcome, job_id = await run_in_threadpool(backend.schedule_trigger, name)
+            ok = outcome != "inactive"
+            result = {"name": name, "outcome": outcome, "job_id": job_id, "ok": ok}
+            text = (f"schedule {name}: enqueued job {job_id}" if outcome == "fired"
+                    else f"schedule {name}: {outcome}" + (f" (job {job_id} holds its unique key)" if job_id else ""))
+        else:
+            msg = f"unknown action {verb!r}: use pause, resume or trigger"
+            if api:
+                return _secure(JSONResponse({"error": msg}, status_code=404))
+            return _secure(Response(msg + "\n", status_code=404, media_type="text/plain"))
+        if not ok:
+            text = f"no schedule {name!r}"
+        if api:
+            return _secure(JSONResponse(result, status_code=200 if ok else 404))
+        return back("/periodic", text)
+
     # -- JSON twins ------------------------------------------------------------------
 
     def api(fn: Callable[[Request], Any]) -> Callable[[Request], Awaitable[Response]]:
@@ -217,7 +245,7 @@ def create_app(backend: Backend, *, token: str, read_only: bool = False) -> Star
 
     routes = [
         Route("/", overview), Route("/queues", queues), Route("/jobs", jobs),
-        Route("/jobs/{job_id:int}", job), Route("/dlq", dlq), Route("/runtime", runtime),
+        Route("/jobs/{job_id:int}", job), Route("/dlq", dlq), Route("/periodic", periodic), Route("/runtime", runtime),
         Route("/storage", storage),
         Route("/login", login_form, methods=["GET"]), Route("/login", login, methods=["POST"]),
         Route("/logout", logout, methods=["POST"]),
@@ -225,12 +253,15 @@ def create_app(backend: Backend, *, token: str, read_only: bool = False) -> Star
         Route("/jobs/{job_id:int}/retry", job_retry, methods=["POST"]),
         Route("/dlq/retry", dlq_retry, methods=["POST"]), Route("/dlq/purge", dlq_purge, methods=["POST"]),
         Route("/queues/{queue}/{verb:str}", queue_pause, methods=["POST"]),
+        Route("/periodic/{name}/{verb:str}", schedule_action, methods=["POST"]),
         Route("/api/overview", api(lambda r: backend.overview())),
         Route("/api/queues", api(lambda r: backend.queues())),
         Route("/api/jobs", api(lambda r: backend.jobs(**_job_filters(r)))),
         Route("/api/jobs/{job_id:int}", api(api_job)),
         Route("/api/dlq", api(lambda r: backend.dlq(queue=r.query_params.get("queue") or None,
                                                     limit=_limit(r)))),
+        Route("/api/periodic", api(lambda r: backend.schedules())),
+        Route("/api/periodic/{name}/{verb:str}", schedule_action, methods=["POST"]),
         Route("/api/runtime", api(lambda r: backend.runtime())),
         Route("/api/storage", api(lambda r: backend.rings())),
         Route("/api/jobs/{job_id:int}/cancel", job_cancel, methods=["POST"]),
@@ -278,6 +309,7 @@ def serve(backend: Backend, *, host: str, port: int, token: str, read_only: bool
     backend.start()
     try:
         uvicorn.run(create_app(backend, token=token, read_only=read_only), host=host, port=port,
-                    log_level="warning", server_header=False, proxy_headers=False)
+                    log_level="warning", log_config=None,  # uvicorn's lines go through the CLI's handler
+                    server_header=False, proxy_headers=False)
     finally:
         backend.close()

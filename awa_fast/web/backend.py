@@ -192,7 +192,30 @@ class Backend:
         return {"rings": jsonable(state), "slots": jsonable(slots), "dead_tuples": dead,
                 "prune": jsonable(prune)}
 
+    def schedules(self) -> list[dict[str, Any]]:
+        """Every periodic schedule: name, cron, timezone, next and last fire, paused (what ``cron list`` shows)."""
+        from awa_fast.cron_cli import next_fire
+
+        with self.conn() as c:
+            now, rows = self.storage.schedule_list(c)
+        keys = ("name", "cron", "timezone", "kind", "queue", "missed", "paused", "enabled", "source")
+        return [{**{k: r[k] for k in keys}, "next_fire": jsonable(next_fire(r, now)) if now else None,
+                 "last_fire": jsonable(r["last_tick"]), "last_fired_at": jsonable(r["last_fired_at"])}
+                for r in rows]
+
     # -- actions (the caller has checked the token) ------------------------------------
+
+    def schedule_pause(self, name: str, paused: bool) -> bool:
+        """Pause or resume one schedule; False when there is no such schedule."""
+        with self.conn() as c:
+            return self.storage.schedule_pause(c, name, paused)
+
+    def schedule_trigger(self, name: str) -> tuple[str, int | None]:
+        """Fire one schedule now, outside its ticks: ``(outcome, job_id)``, outcome ``inactive`` if unknown."""
+        from awa_fast.periodic import trigger
+
+        with self.conn() as c:
+            return trigger(self.storage, c, name)
 
     def cancel(self, job_id: int) -> bool:
         with self.conn() as c:

@@ -179,3 +179,85 @@ def test_every_page_in_a_real_browser(app: awa_fast.App, pg_dsn: str, schema: st
             assert dead[1] not in [e.job_id for e in app.dlq_list(queue=QUEUE, conn=conn)]
             browser.close()
         assert sup.stop() == 0
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on this machine (apt-get install chromium)")
+def test_periodic_page_in_a_real_browser(app: awa_fast.App, pg_dsn: str, schema: str,
+                                         tmp_path: pathlib.Path) -> None:
+    from playwright.sync_api import sync_playwright
+
+    from awa_fast import periodic
+    from awa_fast.storage import Storage
+
+    storage = Storage(schema)
+    app.periodic("nightly-report", "30 2 * * *", "report.build", {"full": True}, timezone="Europe/Berlin",
+                 queue="reports")
+    app.periodic("every-second", "* * * * * *", "tick", queue="reports")
+    with connect(pg_dsn, schema) as conn:
+        periodic.sync_schedules(conn, storage, app)
+
+        def fired() -> bool:
+            periodic.evaluate_due(storage, conn)
+            return any(r["last_tick"] is not None for r in storage.schedule_list(conn)[1])
+        wait_for(fired, 30, "a first fire of every-second")
+
+        with DashboardServer(app, pg_dsn, None, tmp_path / "token") as srv:
+            api = {s["name"]: s for s in _api(srv, "/api/periodic")}
+            assert set(api) == {r["name"] for r in storage.schedule_list(conn)[1]} == {"nightly-report",
+                                                                                       "every-second"}
+            assert api["nightly-report"]["timezone"] == "Europe/Berlin" and api["nightly-report"]["next_fire"]
+            assert api["every-second"]["last_fire"] is not None
+            # without the token: refused, nothing changes
+            assert _http("POST", f"{srv.url}/api/periodic/nightly-report/pause")[0] == 401
+            assert _http("POST", f"{srv.url}/periodic/nightly-report/pause", data=b"csrf=x")[0] == 401
+            assert _http("POST", f"{srv.url}/api/periodic/nightly-report/explode",
+                         headers={"Authorization": f"Bearer {srv.token}"})[0] == 404
+            assert not _api(srv, "/api/periodic")[0]["paused"]
+            with sync_playwright() as pw:
+                browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+                page = browser.new_page(viewport={"width": 1280, "height": 600})
+                page.goto(srv.url + "/login")
+                page.fill("#token", srv.token)
+                page.click("#sign-in-submit")
+                page.wait_for_selector("#msg")
+                page.goto(srv.url + "/periodic")
+                rows = page.locator("#schedules tr[data-schedule]")
+                assert sorted(rows.evaluate_all("rs => rs.map(r => r.dataset.schedule)")) == sorted(api)
+                night = page.locator('#schedules tr[data-schedule="nightly-report"]')
+
+                def field(name: str) -> str:
+                    return night.locator(f'[data-field="{name}"]').inner_text().strip()
+                assert (field("cron"), field("timezone"), field("paused")) == ("30 2 * * *", "Europe/Berlin", "no")
+                assert field("next_fire") == api["nightly-report"]["next_fire"]
+                assert field("last_fire") == "—"
+                every = page.locator('#schedules tr[data-schedule="every-second"] [data-field="last_fire"]')
+                assert every.inner_text().strip() != "—"
+                shots = SCREENSHOTS or tmp_path / "screenshots"
+                shots.mkdir(parents=True, exist_ok=True)
+                page.screenshot(path=str(shots / "periodic.png"), full_page=True)
+                # pause through the UI: the database says paused, the row too, and no next fire
+                night.locator("button.schedule-pause").click()
+                page.wait_for_selector("#msg")
+                assert page.locator("#msg").inner_text() == "schedule nightly-report paused"
+                assert (field("paused"), field("next_fire")) == ("yes", "—")
+                paused = {r["name"]: r["paused"] for r in storage.schedule_list(conn)[1]}
+                assert paused == {"nightly-report": True, "every-second": False}
+                # trigger enqueues one job now; resume brings the next fire back
+                night.locator("button.schedule-trigger").click()
+                page.wait_for_selector("#msg")
+                msg = page.locator("#msg").inner_text()
+                assert msg.startswith("schedule nightly-report: enqueued job "), msg
+                job = app.get_job(int(msg.rsplit(" ", 1)[1]))
+                assert job is not None and job.kind == "report.build" and job.queue == "reports"
+                night.locator("button.schedule-resume").click()
+                page.wait_for_selector("#msg")
+                assert field("paused") == "no" and field("next_fire") == api["nightly-report"]["next_fire"]
+                browser.close()
+        # read-only: no buttons, and the action refused even with the token
+        with DashboardServer(app, pg_dsn, None, tmp_path / "token", read_only=True) as ro:
+            status, body = _http("GET", ro.url + "/periodic")
+            assert status == 200 and "nightly-report" in body and "schedule-pause" not in body
+            status, body = _http("POST", f"{ro.url}/api/periodic/nightly-report/pause",
+                                 headers={"Authorization": f"Bearer {ro.token}"})
+            assert status == 403 and "read-only" in body
+            assert not any(r["paused"] for r in storage.schedule_list(conn)[1])

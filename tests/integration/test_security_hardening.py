@@ -284,8 +284,10 @@ def test_supervisor_and_children_do_not_show_the_password_in_ps(pg_dsn: str, sch
         assert len(kids) == 3, kids  # two claimers and maintenance
         for pid in (sup.pid, *kids):
             shown = _cmdline(pid)
-            assert b"supervise" in shown, shown
             assert SECRET.encode() not in shown, f"pid {pid} shows the password: {shown!r}"
+            if shown.startswith(b"awa-fast: "):  # a process title (setproctitle installed) replaced the arguments
+                continue
+            assert b"supervise" in shown, shown
             assert b"password=***" in shown, shown
         ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
         assert SECRET not in ps
