@@ -4,12 +4,13 @@
 -- names. Functions called here live in the numbered migrations.
 
 -- name: job_enqueue
--- Enqueue one job in the caller's transaction (lane lock + one ready row + segment).
-SELECT __SCHEMA__.job_enqueue(%s::text, %s::int, %s::text, %s::jsonb, %s::jsonb, %s::int, %s::timestamptz)
+-- Enqueue one job in the caller's transaction: one function frame for the lane lock, the ready row,
+-- its segment and the NOTIFY decision (job_enqueue_v2, 0014; job_enqueue stays for the previous runtime).
+SELECT __SCHEMA__.job_enqueue_v2(%s::text, %s::int, %s::text, %s::jsonb, %s::jsonb, %s::int, %s::timestamptz)
 
 -- name: job_enqueue_in
--- Enqueue one job to run after a delay in seconds, measured by the database clock.
-SELECT __SCHEMA__.job_enqueue(%s::text, %s::int, %s::text, %s::jsonb, %s::jsonb, %s::int, now() + make_interval(secs => %s::float8))
+-- Enqueue one job to run after a delay in seconds, measured by the database clock (job_enqueue_v2).
+SELECT __SCHEMA__.job_enqueue_v2(%s::text, %s::int, %s::text, %s::jsonb, %s::jsonb, %s::int, now() + make_interval(secs => %s::float8))
 
 -- name: job_enqueue_many
 -- Enqueue many jobs of one kind with one lane range (one statement).

@@ -4,7 +4,7 @@
 -- tests/integration/test_schema_snapshot.py fails when it is out of date.
 -- Rings installed with 4 slots each; owners omitted; names in C order.
 
--- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits, 0013_rotation_ledger_truncate
+-- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits, 0013_rotation_ledger_truncate, 0014_job_enqueue_v2
 
 
 ---------------------------------------------------------------------------
@@ -1507,6 +1507,75 @@ BEGIN
         FROM unnest(v_take, v_args) WITH ORDINALITY AS t(j, a, n);
     END IF;
     RETURN QUERY SELECT u.j, u.b FROM unnest(v_ids, v_new) WITH ORDINALITY AS u(j, b, o) ORDER BY u.o;
+END $function$;
+
+CREATE OR REPLACE FUNCTION __SCHEMA__.job_enqueue_v2(p_queue text, p_priority integer, p_kind text, p_args jsonb, p_metadata jsonb, p_max_attempts integer, p_run_at timestamp with time zone)
+ RETURNS bigint
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $function$
+DECLARE
+    v_lane int;
+    v_seq regclass;
+    v_claim_seq regclass;
+    v_slot int;
+    v_first bigint;
+    v_claimed bigint;
+    v_receipt bigint;
+    v_job bigint;
+BEGIN
+    IF p_run_at IS NOT NULL AND p_run_at > now() THEN
+        v_job := nextval('__SCHEMA__.job_id_seq');
+        PERFORM __SCHEMA__.queue_ensure_nowait(p_queue);
+        INSERT INTO __SCHEMA__.deferred_jobs (job_id, queue, priority, kind, args, metadata, attempt,
+            max_attempts, lease_base, state, run_at, created_at)
+        VALUES (v_job, p_queue, p_priority, p_kind, p_args, p_metadata, 0, p_max_attempts, 0, 1, p_run_at, now());
+        RETURN v_job;
+    END IF;
+    -- The preferred lane and the current ready slot, in one statement.
+    -- Index: queue_enqueue_heads (queue, priority, shard) unique; queue_claim_heads primary key.
+    SELECT h.lane_id, h.enqueue_seq, c.claim_seq,
+           (SELECT r.slot FROM __SCHEMA__.ring_rotations r
+            WHERE r.ring = 'ready' ORDER BY r.generation DESC LIMIT 1)
+    INTO v_lane, v_seq, v_claim_seq, v_slot
+    FROM __SCHEMA__.queue_meta m
+    JOIN __SCHEMA__.queue_enqueue_heads h
+      ON h.queue = m.queue AND h.priority = p_priority AND h.shard = abs(pg_backend_pid()) % m.enqueue_shards
+    JOIN __SCHEMA__.queue_claim_heads c ON c.lane_id = h.lane_id
+    WHERE m.queue = p_queue;
+    IF NOT FOUND OR NOT pg_try_advisory_xact_lock(__SCHEMA__.lock_key('lane'), v_lane) THEN
+        -- No such lane yet, or another producer holds it: the shard search
+        -- of version 1 (creates lanes, waits only when every shard is busy).
+        SELECT l.lane_id, l.enqueue_seq INTO v_lane, v_seq
+        FROM __SCHEMA__.lane_lock_for_enqueue(p_queue, p_priority, pg_backend_pid()) l;
+        SELECT c.claim_seq INTO STRICT v_claim_seq FROM __SCHEMA__.queue_claim_heads c WHERE c.lane_id = v_lane;
+        v_slot := (SELECT r.slot FROM __SCHEMA__.ring_rotations r
+                   WHERE r.ring = 'ready' ORDER BY r.generation DESC LIMIT 1);
+    END IF;
+    -- Under the lane lock: the number before v_first is the lane's last
+    -- reserved number (increment 1; nobody else can reserve in this lane).
+    v_first := nextval(v_seq);
+    v_job := (v_lane::bigint << 40) | v_first;
+    WITH seg AS (
+        INSERT INTO __SCHEMA__.ready_segments (ready_slot, lane_id, first_seq, last_seq)
+        VALUES (v_slot, v_lane, v_first, v_first)
+    )
+    INSERT INTO __SCHEMA__.ready_entries (ready_slot, lane_id, lane_seq, job_id, kind, args, metadata,
+        attempt, max_attempts, lease_base)
+    VALUES (v_slot, v_lane, v_first, v_job, p_kind, p_args, p_metadata, 0, p_max_attempts, 0);
+    -- The NOTIFY decision of lane_reserve (0004): wake claimers unless the
+    -- lane already had 64 rows or more not covered by a committed receipt.
+    v_claimed := COALESCE(pg_sequence_last_value(v_claim_seq), 0);
+    IF v_first - 1 - v_claimed >= 64 THEN
+        -- the cursor lags its lane's last receipt: Index lease_claims_lane (lane_id, last_seq)
+        SELECT max(c.last_seq) INTO v_receipt FROM __SCHEMA__.lease_claims c
+        WHERE c.lane_id = v_lane AND c.last_seq > v_claimed;
+        v_claimed := greatest(v_claimed, v_receipt);
+    END IF;
+    IF v_first - 1 - v_claimed < 64 THEN
+        PERFORM pg_notify(__SCHEMA__.notify_channel(), p_queue);
+    END IF;
+    RETURN v_job;
 END $function$;
 
 CREATE OR REPLACE FUNCTION __SCHEMA__.job_load(p_job_id bigint)

@@ -89,7 +89,11 @@ class Storage(KeyLimitQueries, SessionQueries):
     def job_enqueue(self, conn: psycopg.Connection, queue: str, priority: int, kind: str, args: RawJson,
                     metadata: RawJson | None, max_attempts: int, run_at: _dt.datetime | None = None,
                     delay: float | None = None) -> int:
-        """Enqueue one job on ``conn`` (in its current transaction); returns the job id."""
+        """Enqueue one job on ``conn`` (in its current transaction); returns the job id.
+
+        Calls ``job_enqueue_v2`` (migration 0016): one SQL function frame for the lane lock, the
+        rows and the NOTIFY decision. ``job_enqueue`` stays in the schema for the previous runtime.
+        """
         if delay is not None and delay > 0:
             row = conn.execute(self.q["job_enqueue_in"],
                                (queue, priority, kind, args, metadata, max_attempts, delay)).fetchone()
