@@ -390,5 +390,5 @@ def leader_step(storage: Any, conn: psycopg.Connection) -> None:
         _sweep_busy[schema] = busy or swept > 0
 
 
-__all__ = ["ALIASES", "Fire", "Schedule", "declare", "due_fires", "evaluate", "evaluate_due", "leader_step", "normalize_cron",
-           "previous_tick", "sync_app_schedules", "sync_schedules", "ticks_after", "trigger"]
+__all__ = ["ALIASES", "Fire", "Schedule", "declare", "due_fires", "evaluate", "evaluate_due", "leader_step",
+           "normalize_cron", "previous_tick", "sync_app_schedules", "sync_schedules", "ticks_after", "trigger"]
