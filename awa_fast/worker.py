@@ -311,17 +311,7 @@ def _close_event_loop(claimer: Claimer) -> None:
     A claimer process exits after its drain; in-process the loop and its
     self-pipe would otherwise leak until garbage collection.
     """
-    loop = getattr(claimer, "_loop", None)
-    thread = getattr(claimer, "_loop_thread", None)
-    if loop is None:
-        return
-    if thread is not None:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(5.0)
-        if thread.is_alive():
-            return
-    if not loop.is_closed():
-        loop.close()
+    claimer.close()
 
 
 # -- running workers of each app (for App.stop_worker) -------------------------------------

@@ -531,3 +531,30 @@ SELECT __SCHEMA__.schedule_fires_prune(make_interval(secs => %s::float8), %s::in
 -- name: db_now
 -- The database clock (periodic evaluation compares ticks against it, never the client's clock).
 SELECT now()
+
+-- Sessions: what the runtime asks of its own connections (awa_fast/storage/sessions.py).
+
+-- name: session_clock
+-- The database's wall clock in epoch seconds (the claimer's latency metrics correct for clock skew with it).
+SELECT extract(epoch FROM clock_timestamp())::float8
+
+-- name: session_ping
+-- A round trip proving an idle connection alive (a half-open socket answers nothing).
+SELECT 1
+
+-- name: channel_name
+-- The LISTEN/NOTIFY channel of this schema as the enqueue functions notify it (see notify_channel in 0002).
+SELECT __SCHEMA__.notify_channel()
+
+-- name: leader_lock_try
+-- Try the maintenance leader lock (session advisory lock, key lock_key('leader'), 0); held until the session ends.
+SELECT pg_try_advisory_lock(__SCHEMA__.lock_key('leader'), 0)
+
+-- name: schema_backends_terminate
+-- End the other sessions whose application_name names this schema (before dropping it); returns how many.
+SELECT count(*)::int FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+    WHERE pid <> pg_backend_pid() AND application_name LIKE %s) t
+
+-- name: schema_drop
+-- Drop the schema with everything in it (demo reset, test teardown). Owner only.
+DROP SCHEMA IF EXISTS __SCHEMA__ CASCADE

@@ -19,8 +19,9 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import msgspec
 import psycopg
@@ -28,6 +29,7 @@ import psycopg
 from awa_fast.client import encode_payload
 from awa_fast.errors import DatabaseUnavailable, PayloadError
 from awa_fast.jobs import ClaimSnapshot, Job
+from awa_fast.runtime.watchdog import IoGuard
 from awa_fast.storage import CLOSE_COMPLETE, CLOSE_RETRY, RawJson, Storage, clean_text, close_quietly, connect
 
 log = logging.getLogger("awa_fast.batcher")
@@ -118,24 +120,38 @@ class FlushReport:
     committed_at: float
 
 
+class FlushSink(Protocol):
+    """The batcher's one interface to its owner (the claimer): all it may ever call back.
+
+    Every method is called on the batcher thread and must not block on the
+    claimer's other threads.
+    """
+
+    def stateful_among(self, keys: Iterable[tuple[int, int]]) -> set[tuple[int, int]]:
+        """Of these attempts, those that may have an ``attempt_state`` row (their completion deletes it)."""
+
+    def flushed(self, report: FlushReport) -> None:
+        """A flush committed (or dropped outcomes): ``report`` says which attempts and how each ended."""
+
+    def batcher_died(self) -> None:
+        """The batcher thread died: nothing more will be written."""
+
+
 class CompletionBatcher:
     """Collects handler outcomes and writes them in batched transactions."""
 
-    def __init__(self, config: BatcherConfig, on_flushed: Callable[[FlushReport], None],
-                 stateful: set[tuple[int, int]] | None = None) -> None:
+    def __init__(self, config: BatcherConfig, sink: FlushSink) -> None:
         self.config = config
         self.storage = Storage(config.schema)
         self._q: queue.SimpleQueue[object] = queue.SimpleQueue()
-        self._on_flushed = on_flushed
-        self._stateful = stateful if stateful is not None else set()
+        self._sink = sink
         self._remaining: dict[int, int] = {}  # claim_id -> outcomes still expected
         self._thread = threading.Thread(target=self._run, name="awa-batcher", daemon=True)
         self._conn: psycopg.Connection | None = None
         self.flushes = 0
         self.dropped = 0  # outcomes that could not be written (their attempts get rescued)
         self.died = False
-        self._on_death: Callable[[], None] | None = None
-        self.flush_started: float | None = None  # monotonic start of the flush in progress (watchdog)
+        self.guard = IoGuard("completion flush")  # the flush in flight, for the claimer's watchdog
 
     # -- producer side (claimer and handler threads) ----------------------------
 
@@ -174,8 +190,7 @@ class CompletionBatcher:
             # and its open attempts are rescued.
             log.exception("completion batcher died", extra={"action": "batcher_died"})
             self.died = True
-            if self._on_death is not None:
-                self._on_death()
+            self._sink.batcher_died()
 
     def _loop(self) -> None:
         stopping = False
@@ -248,20 +263,16 @@ class CompletionBatcher:
                 self._remaining.pop(cid, None)
             else:
                 self._remaining[cid] = left
-        self._on_flushed(FlushReport(batch, {(j.id, j.run_lease) for j, _ in batch}, 0.0, time.time()))
+        self._sink.flushed(FlushReport(batch, {(j.id, j.run_lease) for j, _ in batch}, 0.0, time.time()))
 
     def _flush(self, batch: list[tuple[Job, Outcome]], replay: bool = False) -> None:
         t0 = time.perf_counter()
         conn = self._connection()
-        self.flush_started = time.monotonic()
+        self.guard.begin(conn)
         try:
             self._flush_on(conn, batch, t0, replay)
         finally:
-            self.flush_started = None
-
-    def connection(self) -> psycopg.Connection | None:
-        """The batcher's connection, if open (for the watchdog)."""
-        return self._conn
+            self.guard.end()
 
     def _flush_on(self, conn: psycopg.Connection, batch: list[tuple[Job, Outcome]], t0: float,
                   replay: bool = False) -> None:
@@ -292,15 +303,16 @@ class CompletionBatcher:
             if n_complete == n_all and self._remaining.get(cid) == n_all:
                 slot = next(j.snapshot.claim_slot for j, _ in batch if j.snapshot.claim_id == cid)
                 whole.append((slot, cid))
-        with_state = [s for s in completes if (s.job_id, s.run_lease) in self._stateful] if self._stateful else []
+        stateful = self._sink.stateful_among((j.id, j.run_lease) for j, _ in batch)  # lazy: usually none
+        with_state = [s for s in completes if (s.job_id, s.run_lease) in stateful] if stateful else []
         if results:
-            self._flush_with_results(conn, batch, completes, others, results, whole, with_state, per_receipt, t0,
-                                     replay)
+            self._flush_with_results(conn, batch, completes, others, results, whole, with_state, stateful,
+                                     per_receipt, t0, replay)
             return
         stale: set[tuple[int, int]] = set()
         if not others and len(completes) <= self.config.small_flush:
             # Low-latency path: one statement, one round trip, one commit.
-            stale.update(self.storage.receipt_complete_rows(conn, completes, self._stateful))
+            stale.update(self.storage.receipt_complete_rows(conn, completes, stateful))
         else:
             with conn.transaction():
                 if others:
@@ -321,8 +333,8 @@ class CompletionBatcher:
                             completes: list[ClaimSnapshot], others: list[tuple[ClaimSnapshot, int, float | None,
                                                                                str | None]],
                             results: list[tuple[Job, ResultCompletion]], whole: list[tuple[int, int]],
-                            with_state: list[ClaimSnapshot], per_receipt: dict[int, list[int]], t0: float,
-                            replay: bool) -> None:
+                            with_state: list[ClaimSnapshot], stateful: set[tuple[int, int]],
+                            per_receipt: dict[int, list[int]], t0: float, replay: bool) -> None:
         """A flush with result-carrying completions in it (the plain path above never comes here).
 
         Results go through their own binary COPY (``Storage.receipt_complete_results``:
@@ -335,14 +347,14 @@ class CompletionBatcher:
         items = [(j.snapshot, j.lease_backed, o.result) for j, o in results]
         stale: set[tuple[int, int]] = set()
         if not completes and not others:
-            stale.update(self.storage.receipt_complete_results(conn, items, self._stateful))
+            stale.update(self.storage.receipt_complete_results(conn, items, stateful))
         else:
             with conn.transaction():
                 self.storage.receipt_lock(conn, [s.claim_id for s in completes] + [o[0].claim_id for o in others]
                                           + [it[0].claim_id for it in items])
                 if completes:
                     stale.update(self.storage.receipt_complete(conn, completes, whole, with_state))
-                stale.update(self.storage.receipt_complete_results(conn, items, self._stateful))
+                stale.update(self.storage.receipt_complete_results(conn, items, stateful))
                 if others:
                     for r in self.storage.attempt_close(conn, others):
                         if r.status == "stale":
@@ -380,4 +392,4 @@ class CompletionBatcher:
             else:
                 self._remaining[cid] = left
         self.flushes += 1
-        self._on_flushed(FlushReport(batch, stale, time.perf_counter() - t0, committed))
+        self._sink.flushed(FlushReport(batch, stale, time.perf_counter() - t0, committed))

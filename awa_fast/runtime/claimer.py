@@ -1,67 +1,55 @@
-"""The claimer: claim path, handler execution, hand-off to the completion batcher.
+"""The claimer core: the claim loop of one queue stripe, its wiring, and its drain.
 
-One claimer serves one stripe of one queue. Its main loop claims through
-the one claim function (``Storage.lane_claim``) whenever local capacity is
-free, and otherwise sleeps until a NOTIFY for its queue, a handler freeing
-capacity, or the poll interval. Handlers run on a bounded thread pool (sync)
-or an event loop thread (``async def``); an outcome goes to the completion
-batcher and the capacity is free at once. Heartbeats run on their own
-thread. No transaction is held while a handler runs.
+One claimer serves one stripe of one queue. Its claim loop (the process's
+main thread) claims through the one claim function (``Storage.lane_claim``)
+whenever local capacity is free, and otherwise sleeps until a NOTIFY for its
+queue, a handler freeing capacity, or the poll interval. No transaction is
+held while a handler runs. The other roles live in their own modules, each
+with one owner per piece of state (``docs/architecture.md``):
 
-Whatever a handler raises, ``BaseException`` included (``SystemExit``,
-``KeyboardInterrupt``, ``asyncio.CancelledError``, ``GeneratorExit``), its
-attempt closes as a retry naming the exception, and outcomes a worker had
-already produced are always handed on. A worker thread or the event loop
-thread that dies anyway stops the claimer loudly (exit code 1): the
-supervisor restarts it and its open attempts are rescued. A handler's
-exception is logged and stored with the tail of its traceback; args that do
-not decode into the kind's ``args_type`` fail the job at once. A kind with a
-``timeout`` has its running attempts watched on the heartbeat tick: past it,
-the attempt closes as a retry and the handler's later outcome is dropped. See
-``docs/handlers.md``.
+- :mod:`awa_fast.runtime.executor`: worker threads and the async loop,
+  handler result to outcome, handler timeouts, abandoned attempts;
+- :mod:`awa_fast.runtime.batcher`: durable outcomes, many per transaction;
+- :mod:`awa_fast.runtime.heartbeat`: heartbeats and progress of held attempts;
+- :mod:`awa_fast.runtime.listener`: LISTEN/NOTIFY wake-ups;
+- :mod:`awa_fast.runtime.watchdog`: hung I/O and the handler-timeout tick;
+- :mod:`awa_fast.runtime.attempts`: the held attempts (``held``,
+  ``claimed_at``, ``stateful``) behind one lock;
+- :mod:`awa_fast.runtime.entry`: the claimer process's entry point.
+
+Handlers' errors, results and timeouts are described in ``docs/handlers.md``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
-import queue
 import threading
 import time
-import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
 import psycopg
 
-from awa_fast.errors import DatabaseUnavailable, TerminalError
-from awa_fast.jobs import AttemptClosed, Cancel, ClaimSnapshot, Job, JobSpec, RetryAfter, Snooze, WaitForCallback
-from awa_fast.jobs import MAX_PROGRESS_BYTES
+from awa_fast.errors import DatabaseUnavailable
+from awa_fast.jobs import MAX_PROGRESS_BYTES, AttemptClosed, ClaimSnapshot, Job, JobSpec
 from awa_fast.limits import LimitWatch
-from awa_fast.runtime.batcher import RELEASE, STALE, BatcherConfig, CompletionBatcher, FlushReport, Outcome
+from awa_fast.runtime.attempts import AttemptTable, Key
+from awa_fast.runtime.batcher import RELEASE, BatcherConfig, CompletionBatcher, FlushReport
+from awa_fast.runtime.entry import claimer_main, die_with_parent
+from awa_fast.runtime.executor import Executor, error_text, failure_text, timeout_text
 from awa_fast.runtime.heartbeat import Heartbeat, HeartbeatConfig
-from awa_fast.storage import (
-    CLOSE_CANCEL,
-    CLOSE_FAIL,
-    CLOSE_RETRY,
-    CLOSE_SNOOZE,
-    Storage,
-    clean_text,
-    close_quietly,
-    connect,
-    use_raw_jsonb,
-)
+from awa_fast.runtime.listener import Listener, ListenerConfig
+from awa_fast.runtime.watchdog import IoGuard, Watchdog, WatchdogConfig
+from awa_fast.storage import CLOSE_CANCEL, CLOSE_FAIL, CLOSE_RETRY, CLOSE_SNOOZE, Storage, close_quietly, connect, use_raw_jsonb
+
+__all__ = ["Claimer", "ClaimerConfig", "claimer_main", "die_with_parent", "error_text", "failure_text",
+           "next_busy_pause", "timeout_text"]
 
 log = logging.getLogger("awa_fast.claimer")
 
-_MAX_ERROR = 8192
-_MAX_TRACEBACK = 4096  # the tail of a handler's traceback stored with its error (within _MAX_ERROR)
-
 _OUTCOME_NAMES = {CLOSE_RETRY: "retried", CLOSE_SNOOZE: "snoozed", CLOSE_CANCEL: "cancelled", CLOSE_FAIL: "failed"}
-
 # A short claim of fewer rows than this may wait for a NOTIFY. Producers
 # skip the NOTIFY while a lane has 64+ rows not covered by committed
 # receipts, so rows of claims still committing count as backlog: it takes
@@ -108,52 +96,16 @@ class ClaimerConfig:
     max_progress_bytes: int = MAX_PROGRESS_BYTES  # encoded size limit of one job.set_progress() value
 
 
-def error_text(exc: BaseException | str) -> str:
-    """Error text safe to store: no NUL, no lone surrogates, at most 8 KiB.
-
-    Names the exception's type always (``SystemExit: 3``, ``KeyboardInterrupt``),
-    even when its ``__str__`` is empty or itself raises.
-    """
-    if isinstance(exc, str):
-        text = exc
-    else:
-        name = type(exc).__name__
-        try:
-            detail = str(exc)
-            text = f"{name}: {detail}" if detail else name
-        except BaseException:  # noqa: BLE001 - an exception whose __str__ fails (or raises SystemExit)
-            text = name
-    return clean_text(text, _MAX_ERROR) or ""
-
-
-def failure_text(exc: BaseException) -> str:
-    """A handler's exception as stored with its attempt: ``error_text(exc)``, then the last
-    4 KiB of its traceback, at most 8 KiB in all (the first line stays the ``Name: detail``)."""
-    head = error_text(exc)
-    try:
-        tb = "".join(traceback.format_exception(exc))
-    except BaseException:  # noqa: BLE001 - a traceback that cannot be formatted: the summary alone
-        return head
-    if len(tb) > _MAX_TRACEBACK:
-        tb = "..." + tb[-_MAX_TRACEBACK:]
-    return clean_text(f"{head[:_MAX_ERROR - _MAX_TRACEBACK - 8]}\n{tb.rstrip()}", _MAX_ERROR) or head
-
-
-def _one_line(text: str, limit: int = 1000) -> str:
-    first = text.split("\n", 1)[0]
-    return first if len(first) <= limit else first[:limit] + "..."
-
-
-def timeout_text(timeout: float) -> str:
-    return f"timed out after {timeout:g} s"
-
-
-def _unknown_kind_text(kind: str) -> str:
-    return f"no handler registered for kind {kind!r} in this worker"
-
 
 class Claimer:
-    """Claims, runs and completes jobs of one queue stripe."""
+    """Claims, runs and completes jobs of one queue stripe.
+
+    Owns the claim connection, the capacity count (``outstanding``), the
+    counters and the wiring of its roles; it is the batcher's
+    :class:`~awa_fast.runtime.batcher.FlushSink` and the executor's
+    :class:`~awa_fast.runtime.executor.ExecutorHooks`, and the ``runtime`` a
+    :class:`~awa_fast.jobs.Job` talks to.
+    """
 
     def __init__(self, config: ClaimerConfig, registry: dict[str, JobSpec], shm_record: Any = None,
                  flush_listeners: Sequence[Callable[[list[AttemptClosed]], None]] = (), *,
@@ -169,54 +121,36 @@ class Claimer:
         self.storage = Storage(config.schema)
         self.limits = LimitWatch(self.storage, config.queue)  # plain claim unless the queue has a limit
         self.shm = shm_record
-        self.held: dict[tuple[int, int], Job] = {}
-        self.claimed_at: dict[tuple[int, int], float] = {}
-        self.stateful: set[tuple[int, int]] = set()
-        self.batcher = CompletionBatcher(
-            BatcherConfig(config.dsn, config.schema, flush_max=config.flush_max,
-                          application_name=f"awa_fast:batcher:{config.queue}#{config.stripe}"),
-            self._flushed, self.stateful)
-        self.heartbeat = Heartbeat(
-            HeartbeatConfig(config.dsn, config.schema, config.heartbeat_interval,
-                            application_name=f"awa_fast:heartbeat:{config.queue}#{config.stripe}"),
-            self.held, self.claimed_at, self.stateful)
+        self.max_progress_bytes = config.max_progress_bytes  # read by Job.set_progress
         self._stopping = threading.Event()
         self._wake = threading.Event()
         # False after a claim came back short (the queue looked empty to it):
         # finished handlers then do not wake the claim loop, only a NOTIFY or
         # the poll does. True while a backlog may remain behind a full claim.
         self._backlog_maybe = True
-        self.batcher._on_death = self._batcher_died
-        self.heartbeat.watchdog = self._watchdog
-        self.heartbeat.on_lost = self._attempts_lost
-        self.heartbeat.on_cancel = self._attempts_cancel_requested
-        self.heartbeat.on_death = lambda exc: self._thread_died("the heartbeat thread", exc)
-        self.max_progress_bytes = config.max_progress_bytes  # read by Job.set_progress
-        self._died: str | None = None  # a worker, loop or heartbeat thread that died: exit non-zero
-        # Sync attempts found stale while their handler still runs (a thread cannot be stopped).
-        self._abandoned: set[tuple[int, int]] = set()
-        self._abandoned_lock = threading.Lock()
-        self._unknown_logged: set[str] = set()
-        # Attempts of kinds with a timeout whose handler runs: key -> [deadline (monotonic), job,
-        # timeout, fired]. Only those kinds ever enter it, so others pay nothing for timeouts. The
-        # heartbeat thread's watchdog fires expired ones; an entry stays (fired) until its handler
-        # returns, so the handler's late outcome is dropped: one outcome per claimed attempt.
-        self._timed: dict[tuple[int, int], list[Any]] = {}
-        self._timed_lock = threading.Lock()
-        self._timeouts_closed = False  # set (under the lock) before the drain stops the batcher
-        self._timed_out_sync = 0  # fired sync attempts whose handler still runs (in the abandoned gauge)
-        self._claim_started: float | None = None
-        self._ping_started: float | None = None
-        self._work: queue.SimpleQueue[list[Job] | None] = queue.SimpleQueue()
+        self._died: str | None = None  # a worker, loop, heartbeat or watchdog thread that died: exit non-zero
+        self.attempts = AttemptTable()
+        tag = f"{config.queue}#{config.stripe}"
+        self.batcher = CompletionBatcher(
+            BatcherConfig(config.dsn, config.schema, flush_max=config.flush_max,
+                          application_name=f"awa_fast:batcher:{tag}"), self)
+        self.executor = Executor(registry, config.concurrency, self.batcher, self.attempts, self, self._stopping,
+                                 shm_record)
+        self.heartbeat = Heartbeat(
+            HeartbeatConfig(config.dsn, config.schema, config.heartbeat_interval,
+                            application_name=f"awa_fast:heartbeat:{tag}"),
+            self.attempts, on_lost=self.executor.attempts_lost, on_cancel=self.executor.cancel_requested,
+            on_death=lambda exc: self.thread_died("the heartbeat thread", exc))
+        self.listener = (Listener(ListenerConfig(config.dsn, config.schema, config.queue, config.io_timeout),
+                                  self._stopping, self._notified) if config.listen else None)
+        self._claim_guard = IoGuard("claim")
+        guards = [self._claim_guard, self.batcher.guard] + ([self.listener.guard] if self.listener else [])
+        self.watchdog = Watchdog(WatchdogConfig(max(config.heartbeat_interval / 2, 0.05), config.io_timeout),
+                                 guards, on_tick=[self.executor.check_timeouts],
+                                 on_death=lambda exc: self.thread_died("the watchdog thread", exc))
         self._outstanding = 0  # claimed and not yet finished (buffered + running)
         self._count_lock = threading.Lock()
-        self._avg_handler_s: float | None = None  # EWMA of sync handler time, sizes dispatch chunks
-        self._async_slots: asyncio.Semaphore | None = None  # bounds async handlers to `concurrency`
         self._parent = os.getppid()
-        self._threads: list[threading.Thread] = []
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread: threading.Thread | None = None
-        self._listen_conn: psycopg.Connection | None = None
         self._claim_conn: psycopg.Connection | None = None
         self._clock_offset = 0.0  # database clock - local wall clock (latency metrics only)
         self._clock_measured = 0.0
@@ -242,19 +176,13 @@ class Claimer:
         """Claim and run jobs until :meth:`stop`; then drain. Returns an exit code (0 = clean)."""
         cfg = self.config
         self._set_state("starting")
-        self._publish_abandoned()  # a restarted claimer abandons nothing yet
+        self.executor.publish_abandoned()  # a restarted claimer abandons nothing yet
         self.batcher.start()
         self.heartbeat.start()
-        for i in range(cfg.concurrency if self._has_sync() else 0):
-            t = threading.Thread(target=self._worker, name=f"awa-worker-{i}", daemon=True)
-            t.start()
-            self._threads.append(t)
-        if self._has_async():
-            self._loop = asyncio.new_event_loop()
-            self._loop_thread = threading.Thread(target=self._run_loop, name="awa-async", daemon=True)
-            self._loop_thread.start()
-        if cfg.listen:
-            threading.Thread(target=self._listen, name="awa-listen", daemon=True).start()
+        self.watchdog.start()
+        self.executor.start()
+        if self.listener is not None:
+            self.listener.start()
         self._set_state("running")
         log.info("claimer %s#%d running (concurrency %d, batch %d)", cfg.queue, cfg.stripe, cfg.concurrency,
                  cfg.claim_batch, extra={"action": "claimer_start"})
@@ -264,11 +192,9 @@ class Claimer:
             code = self._drain()
         return code
 
-    def _has_sync(self) -> bool:
-        return any(not s.is_async for s in self.registry.values()) or not self.registry
-
-    def _has_async(self) -> bool:
-        return any(s.is_async for s in self.registry.values())
+    def close(self) -> None:
+        """Release what a drained claimer still holds in-process (its async loop); a process just exits."""
+        self.executor.close_loop()
 
     def _set_state(self, state: str) -> None:
         if self.shm is not None:
@@ -299,11 +225,10 @@ class Claimer:
         """
         assert self._claim_conn is not None
         t0 = time.time()
-        row = self._claim_conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
+        db_now = self.storage.session_clock(self._claim_conn)
         t1 = time.time()
-        if row is not None:
-            self._clock_offset = float(row[0]) - (t0 + t1) / 2
-            self._clock_measured = time.monotonic()
+        self._clock_offset = db_now - (t0 + t1) / 2
+        self._clock_measured = time.monotonic()
 
     def _claim_loop(self) -> None:
         cfg = self.config
@@ -319,14 +244,14 @@ class Claimer:
                     conn = self._claim_connection()
                     if time.monotonic() - self._clock_measured > 300.0:
                         self._measure_clock_offset()
-                    self._claim_started = time.monotonic()
                     want = min(free, cfg.claim_batch)
                     self._backlog_maybe = True
+                    self._claim_guard.begin(conn)
                     try:
                         snaps, lane_busy = self.limits.claim_call(conn)(conn, cfg.queue, want, cfg.stripe,
                                                                          cfg.stripes)
                     finally:
-                        self._claim_started = None
+                        self._claim_guard.end()
                     backoff = 0.05
                 except (psycopg.OperationalError, DatabaseUnavailable) as exc:
                     log.warning("claim on %s failed: %s; reconnecting in %.2fs", cfg.queue,
@@ -336,7 +261,7 @@ class Claimer:
                     self._stopping.wait(backoff)
                     backoff = min(backoff * 2, 5.0)
                     continue
-                self._count("claim_calls", 1)
+                self.count("claim_calls", 1)
                 if self._on_short_claim is not None and len(snaps) < want:
                     self._on_short_claim(lane_busy)
                 if len(snaps) < want and not lane_busy and len(snaps) < _SHORT_CLAIM_SLEEPS:
@@ -351,7 +276,7 @@ class Claimer:
                 elif lane_busy and not snaps:
                     # Another claimer holds that lane head right now: retry
                     # with a growing pause (a stuck holder costs no spin).
-                    self._count("empty_claims", 1)
+                    self.count("empty_claims", 1)
                     self._wake.wait(busy_pause)
                     busy_pause = min(next_busy_pause(busy_pause), cfg.poll_interval)
                     continue
@@ -361,7 +286,7 @@ class Claimer:
                     if self._backlog_maybe:
                         continue
                 else:
-                    self._count("empty_claims", 1)
+                    self.count("empty_claims", 1)
             self._publish()
             if self._watch_parent and os.getppid() != self._parent:
                 log.error("supervisor %d is gone; draining", self._parent, extra={"action": "orphaned"})
@@ -376,390 +301,38 @@ class Claimer:
     def _dispatch(self, snaps: Sequence[ClaimSnapshot]) -> None:
         now = time.monotonic()
         self.batcher.register_receipts(snaps)
+        registry = self.registry
         jobs = []
         for s in snaps:
-            spec = self.registry.get(s.kind)
-            job = Job(s, spec.args_type if spec else None, self)
-            key = (s.job_id, s.run_lease)
-            self.held[key] = job
-            self.claimed_at[key] = now
-            jobs.append(job)
+            spec = registry.get(s.kind)
+            jobs.append(Job(s, spec.args_type if spec else None, self))
+        self.attempts.claimed(jobs, now)
         n = len(jobs)
-        self._count("claimed", n)
+        self.count("claimed", n)
         with self._count_lock:
             self._outstanding += n
-        unknown = [j for j in jobs if j.kind not in self.registry]
-        if unknown:
-            self._unknown_kinds(unknown)
-            jobs = [j for j in jobs if j.kind in self.registry]
-        if self._loop is None:
-            sync_jobs, async_jobs = jobs, []
-        else:
-            sync_jobs = [j for j in jobs if not self._is_async(j)]
-            async_jobs = [j for j in jobs if self._is_async(j)]
-        if sync_jobs:
-            per = self._chunk_size(len(sync_jobs))
-            for i in range(0, len(sync_jobs), per):
-                self._work.put(sync_jobs[i:i + per])
-        if async_jobs and self._loop is not None:
-            self._loop.call_soon_threadsafe(self._spawn_async, async_jobs)
+        self.executor.dispatch(jobs)
 
-    def _unknown_kinds(self, jobs: list[Job]) -> None:
-        """No handler here: retry with backoff (DLQ only when attempts run out).
+    def _notified(self) -> None:
+        """The listener's wake-up (a NOTIFY for this queue, or a fresh LISTEN)."""
+        self._backlog_maybe = True
+        self._wake.set()
 
-        During a rolling deploy producers may know a kind before this worker
-        does; a worker that has it may claim the retry. Logged once per kind.
-        """
-        for kind in sorted({j.kind for j in jobs} - self._unknown_logged):
-            self._unknown_logged.add(kind)
-            log.warning("no handler for kind %r in this worker: its jobs are retried with backoff "
-                        "(the DLQ takes them when their attempts run out)", kind, extra={"action": "unknown_kind"})
-        self._finish([(j, (CLOSE_RETRY, None, _unknown_kind_text(j.kind))) for j in jobs])
+    # -- the executor's side (ExecutorHooks) --------------------------------------------
 
-    def _chunk_size(self, n: int) -> int:
-        """Jobs per worker hand-off: spread over all workers, but ~2 ms of work at least.
-
-        Slow handlers get one job per worker (full concurrency); tiny ones run
-        in large chunks so threads are not woken per job.
-        """
-        spread = -(-n // max(1, len(self._threads)))
-        avg = self._avg_handler_s
-        if avg is None:
-            return spread
-        return max(spread, min(n, int(0.002 / max(avg, 1e-7))))
-
-    def _is_async(self, job: Job) -> bool:
-        spec = self.registry.get(job.kind)
-        return spec is not None and spec.is_async
-
-    # -- handler execution --------------------------------------------------------------
-
-    def _worker(self) -> None:
-        try:
-            self._work_loop()
-        except BaseException as exc:  # noqa: BLE001 - a bug: _run_sync catches everything a handler raises
-            self._thread_died(f"worker thread {threading.current_thread().name}", exc)
-
-    def _work_loop(self) -> None:
-        perf = time.perf_counter
-        stopping = self._stopping
-        while True:
-            chunk = self._work.get()
-            if chunk is None:
-                return
-            done: list[tuple[Job, Outcome | object]] = []
-            t0 = perf()
-            try:
-                for i, job in enumerate(chunk):
-                    if stopping.is_set():
-                        # Draining: hand back what has not started (no attempt consumed).
-                        done.extend((j, _HAND_BACK) for j in chunk[i:])
-                        break
-                    done.append((job, self._run_sync(job)))
-            finally:
-                if len(done) < len(chunk):
-                    # Something escaped _run_sync: the job it ran stays held (rescued
-                    # after this claimer exits), the ones after it were never started.
-                    done.extend((j, _HAND_BACK) for j in chunk[len(done) + 1:])
-                self._finish(done)  # outcomes already produced are always handed on
-            ran = sum(1 for _, o in done if o is not _HAND_BACK)
-            if ran:
-                per_job = (perf() - t0) / ran
-                avg = self._avg_handler_s
-                self._avg_handler_s = per_job if avg is None else 0.8 * avg + 0.2 * per_job
-
-    def _run_sync(self, job: Job) -> Outcome:
-        spec = self.registry.get(job.kind)
-        if spec is None:
-            return (CLOSE_RETRY, None, _unknown_kind_text(job.kind))
-        job.started_at = time.time()
-        if spec.timeout is not None:
-            self._arm_timeout(job, spec.timeout)
-        try:
-            return self._outcome(job, spec.handler(job))
-        except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt, ... retry like any failure
-            return self._failed(job, spec, exc)
-
-    def _run_loop(self) -> None:
-        """The event loop thread: a loop that stops or dies while the claimer runs stops the claimer."""
-        assert self._loop is not None
-        try:
-            self._loop.run_forever()
-        except BaseException as exc:  # noqa: BLE001 - _run_async catches everything a handler raises
-            self._thread_died("the event loop thread", exc)
-            return
-        if not self._stopping.is_set():
-            self._thread_died("the event loop thread",
-                              RuntimeError("the event loop stopped while the claimer runs (loop.stop() in a handler?)"))
-
-    def _spawn_async(self, jobs: list[Job]) -> None:
-        if self._async_slots is None:
-            self._async_slots = asyncio.Semaphore(self.config.concurrency)
-        for job in jobs:
-            job._task = asyncio.ensure_future(self._run_async(job))  # noqa: SLF001 - cancelled when stale
-
-    async def _run_async(self, job: Job) -> None:
-        assert self._async_slots is not None
-        outcome: Outcome | object = _HAND_BACK
-        try:
-            async with self._async_slots:
-                if self._stopping.is_set():
-                    return  # draining: hand back (no attempt consumed)
-                outcome = await self._run_async_handler(job)
-        except BaseException as exc:  # noqa: BLE001 - cancelled while waiting for a slot
-            outcome = self._interrupted(job, exc)
-        finally:
-            self._finish([(job, outcome)])
-
-    async def _run_async_handler(self, job: Job) -> Outcome | object:
-        spec = self.registry[job.kind]
-        job.started_at = time.time()
-        if spec.timeout is not None:
-            self._arm_timeout(job, spec.timeout)
-        try:
-            return self._outcome(job, await spec.handler(job))
-        except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt, CancelledError, ...
-            if isinstance(exc, asyncio.CancelledError) and job._cancelled:  # noqa: SLF001 - we cancelled it
-                return self._interrupted(job, exc)
-            return self._failed(job, spec, exc)
-
-    def _failed(self, job: Job, spec: JobSpec, exc: BaseException) -> Outcome:
-        """The outcome of a handler that raised ``exc``, logged (WARNING, the traceback at DEBUG).
-
-        ``TerminalError`` fails the job (DLQ); so does job args that do not decode into the
-        kind's ``args_type`` (retrying cannot fix them). Anything else retries. The stored
-        error carries the tail of the traceback.
-        """
-        code = CLOSE_RETRY
-        text = None
-        if isinstance(exc, TerminalError):
-            code = CLOSE_FAIL
-        elif isinstance(exc, msgspec.ValidationError) and spec.args_type is not None and self._bad_args(job):
-            code = CLOSE_FAIL
-            text = error_text(f"job args do not match args_type {getattr(spec.args_type, '__name__', spec.args_type)}"
-                              f": {error_text(exc)}")
-        if text is None:
-            text = failure_text(exc)
-        if not job.is_abandoned():  # a rescued or timed-out attempt's failure is written by no one
-            log.warning("job %d (kind %r, attempt %d) %s: %s", job.id, job.kind, job.attempt,
-                        "failed for good" if code == CLOSE_FAIL else "failed", _one_line(text),
-                        extra={"action": "handler_error"})
-            if log.isEnabledFor(logging.DEBUG):
-                log.debug("traceback of job %d (attempt %d)", job.id, job.attempt, exc_info=exc,
-                          extra={"action": "handler_traceback"})
-        return (code, None, text)
-
-    @staticmethod
-    def _bad_args(job: Job) -> bool:
-        """True if the job's args do not decode into its kind's args_type (the failure path only)."""
-        try:
-            job.args  # noqa: B018 - decodes again: a failed decode is not cached
-        except msgspec.ValidationError:
-            return True
-        except Exception:  # noqa: BLE001
-            return False
-        return False
-
-    def _interrupted(self, job: Job, exc: BaseException) -> Outcome | object:
-        """The outcome of an attempt whose handler raised ``exc`` (anything but TerminalError).
-
-        A CancelledError after this claimer cancelled the task is no failure:
-        a stale attempt (rescued, closed elsewhere) writes nothing, an attempt
-        with a cancel request ends as cancelled. Anything else retries.
-        """
-        if isinstance(exc, asyncio.CancelledError):
-            if job.is_abandoned():
-                return STALE
-            if job._cancelled:  # noqa: SLF001
-                return (CLOSE_CANCEL, None, "cancelled while running (cancel requested)")
-        return (CLOSE_RETRY, None, failure_text(exc))
-
-    def _outcome(self, job: Job, result: object) -> Outcome:
-        if result is None:
-            return None
-        if isinstance(result, RetryAfter):
-            return (CLOSE_RETRY, _seconds(result.seconds), error_text(result.reason or "retry requested"))
-        if isinstance(result, Snooze):
-            return (CLOSE_SNOOZE, _seconds(result.seconds), None)
-        if isinstance(result, Cancel):
-            return (CLOSE_CANCEL, None, error_text(result.reason))
-        if isinstance(result, WaitForCallback):
-            if not job.lease_backed:
-                try:
-                    job.register_callback(_seconds(result.timeout))
-                except Exception as exc:  # noqa: BLE001 - registration failed: retry the job
-                    return (CLOSE_RETRY, None, error_text(exc))
-            return _PARKED
-        # Any other value is the job's result: it completes the attempt and is
-        # stored (checked like enqueue args); one that cannot be stored retries.
-        from awa_fast.runtime.batcher import result_outcome
-
-        return result_outcome(result)
-
-    def _finish(self, done: list[tuple[Job, Outcome | object]]) -> None:
-        """Hand finished attempts to the batcher and free their local capacity."""
-        for i, (job, outcome) in enumerate(done):
-            if outcome is _HAND_BACK:
-                done[i] = (job, (CLOSE_SNOOZE, 0.0, None))
-            elif outcome is _PARKED:
-                key = (job.id, job.run_lease)
-                self.held.pop(key, None)
-                self.claimed_at.pop(key, None)
-                done[i] = (job, RELEASE)
-        n = len(done)
-        if self._timed:
-            done = self._disarm(done)
-        if self._abandoned:
-            self._abandoned_returned(done)
-        if done:
-            self.batcher.submit_many(done)  # type: ignore[arg-type]
+    def released(self, n: int) -> None:
+        """``n`` attempts were handed to the batcher: their capacity is free."""
         with self._count_lock:
-            self._outstanding -= n  # a timed-out attempt's capacity is freed here, once, when its handler ends
+            self._outstanding -= n
         if self._backlog_maybe and not self._wake.is_set() and self._outstanding <= self.config.concurrency:
             self._wake.set()
 
-    # -- handler timeouts ----------------------------------------------------------------
+    def count(self, key: str, n: int) -> None:
+        """Add ``n`` to the counter ``key`` (any thread)."""
+        with self._stats_lock:
+            self.stats[key] += n
 
-    def _arm_timeout(self, job: Job, timeout: float) -> None:
-        with self._timed_lock:
-            self._timed[(job.id, job.run_lease)] = [time.monotonic() + timeout, job, timeout, False]
-
-    def _disarm(self, done: list[tuple[Job, Outcome | object]]) -> list[tuple[Job, Outcome | object]]:
-        """Take finished attempts out of the timeout watch; drop the outcome of one already timed out.
-
-        Under the lock, so an attempt's outcome is either its handler's (the watchdog has not
-        fired: its entry is gone before it looks) or the timeout's retry (submitted when it fired):
-        never both, never neither.
-        """
-        keep = []
-        late_sync = 0
-        with self._timed_lock:
-            for item in done:
-                job = item[0]
-                entry = self._timed.pop((job.id, job.run_lease), None)
-                if entry is not None and entry[3]:
-                    if not self._is_async(job):
-                        late_sync += 1
-                    continue
-                keep.append(item)
-            self._timed_out_sync -= late_sync
-        dropped = len(done) - len(keep)
-        if dropped:
-            self._count("stale", dropped)
-            if late_sync:
-                log.info("%d timed-out sync handler(s) returned late: outcome discarded", late_sync,
-                         extra={"action": "timeout_late_return"})
-                self._publish_abandoned()
-        return keep
-
-    def _check_timeouts(self) -> None:
-        """Close attempts past their kind's timeout (on the heartbeat thread, every tick).
-
-        Looks only at attempts of kinds with a timeout. Each expired one is marked fired under
-        the lock (its handler's outcome will be dropped), told (``job.is_cancelled()``), closed
-        as a retry through the batcher, and an async handler's task is cancelled; a sync handler
-        runs on until it returns, counted as abandoned.
-        """
-        now = time.monotonic()
-        fired = []
-        with self._timed_lock:
-            if self._timeouts_closed:  # draining, the batcher stops: rescue takes what is left
-                return
-            for entry in self._timed.values():
-                if not entry[3] and now >= entry[0]:
-                    job = entry[1]
-                    if job.is_abandoned():  # rescued or closed elsewhere first: its outcome is stale anyway
-                        continue
-                    entry[3] = True
-                    fired.append(entry)
-                    if not self._is_async(job):
-                        self._timed_out_sync += 1
-            if not fired:
-                return
-            for _, job, _, _ in fired:
-                job._stale = True  # noqa: SLF001 - whatever the handler returns now is discarded
-                job._cancelled = True  # noqa: SLF001
-            out = [(job, (CLOSE_RETRY, None, timeout_text(timeout))) for _, job, timeout, _ in fired]
-            # submitted under the lock: the drain cannot stop the batcher between fire and submit
-            self.batcher.submit_many(out)  # type: ignore[arg-type]
-        for _, job, timeout, _ in fired:
-            kind = "async" if self._is_async(job) else "sync"
-            log.warning("job %d (kind %r, attempt %d) timed out after %g s: closed as a retry; its %s handler %s",
-                        job.id, job.kind, job.attempt, timeout, kind,
-                        "is cancelled" if kind == "async" else "cannot be stopped and is abandoned",
-                        extra={"action": "handler_timeout"})
-        for job, _ in out:
-            if self._is_async(job):
-                self._cancel_task(job)
-        self._publish_abandoned()
-
-    # -- attempts closed elsewhere while running -------------------------------------
-
-    def _attempts_lost(self, jobs: list[Job]) -> None:
-        """The heartbeat found these attempts stale: rescued (deadline, heartbeat timeout) or closed elsewhere.
-
-        ``job.is_cancelled()`` is already True. An async handler's task is
-        cancelled (its outcome then writes nothing); a sync handler cannot be
-        stopped: it is counted as abandoned until it returns, and what it
-        returns is discarded.
-        """
-        abandoned = []
-        for job in jobs:
-            key = (job.id, job.run_lease)
-            if self._is_async(job):
-                log.warning("attempt of job %d (run_lease %d) was rescued or closed elsewhere: cancelling its "
-                            "async handler", job.id, job.run_lease, extra={"action": "attempt_lost"})
-                self._cancel_task(job)
-            else:
-                log.warning("attempt of job %d (run_lease %d) was rescued or closed elsewhere: its sync handler "
-                            "cannot be stopped and is abandoned (job.is_cancelled() is now True)", job.id,
-                            job.run_lease, extra={"action": "attempt_lost"})
-                abandoned.append(key)
-        if abandoned:
-            with self._abandoned_lock:
-                self._abandoned.update(k for k in abandoned if k in self.held)
-            self._publish_abandoned()
-
-    def _attempts_cancel_requested(self, jobs: list[Job]) -> None:
-        """An operator asked to cancel these running attempts: cancel the async ones' tasks."""
-        for job in jobs:
-            if self._is_async(job):
-                log.info("cancel requested for job %d (run_lease %d): cancelling its async handler", job.id,
-                         job.run_lease, extra={"action": "attempt_cancel"})
-                self._cancel_task(job)
-
-    def _cancel_task(self, job: Job) -> None:
-        loop = self._loop
-        if loop is None:
-            return
-
-        def cancel() -> None:
-            task = getattr(job, "_task", None)
-            if task is not None and not task.done():
-                task.cancel()
-        try:
-            loop.call_soon_threadsafe(cancel)
-        except RuntimeError:  # the loop is closed: nothing runs there any more
-            pass
-
-    def _abandoned_returned(self, done: list[tuple[Job, Outcome | object]]) -> None:
-        """Abandoned sync handlers that returned: nothing to write, and no longer counted."""
-        changed = False
-        with self._abandoned_lock:
-            for i, (job, _) in enumerate(done):
-                key = (job.id, job.run_lease)
-                if key in self._abandoned:
-                    self._abandoned.discard(key)
-                    done[i] = (job, STALE)
-                    changed = True
-        if changed:
-            self._publish_abandoned()
-
-    def _publish_abandoned(self) -> None:
-        if self.shm is not None:
-            self.shm.set_abandoned(len(self._abandoned) + self._timed_out_sync)
-
-    def _thread_died(self, what: str, exc: BaseException) -> None:
+    def thread_died(self, what: str, exc: BaseException) -> None:
         """A thread the claimer cannot run without died: stop claiming and exit non-zero."""
         if self._died is None:
             self._died = what
@@ -787,27 +360,25 @@ class Claimer:
             raise RuntimeError(f"attempt of job {job.id} (run_lease {job.run_lease}) is no longer live")
         return str(token)
 
-    # -- after a flush --------------------------------------------------------------------
+    # -- the batcher's side (FlushSink) --------------------------------------------------
 
-    def _count(self, key: str, n: int) -> None:
-        with self._stats_lock:
-            self.stats[key] += n
+    def stateful_among(self, keys: Iterable[Key]) -> set[Key]:
+        return self.attempts.stateful_among(keys)
 
-    def _flushed(self, report: FlushReport) -> None:
-        if self._abandoned:  # found stale after its handler had returned: its outcome is flushed now
-            with self._abandoned_lock:
-                self._abandoned.difference_update((j.id, j.run_lease) for j, _ in report.jobs)
-            self._publish_abandoned()
+    def batcher_died(self) -> None:
+        self.stop()
+
+    def flushed(self, report: FlushReport) -> None:
+        """After a flush (on the batcher thread): the attempts leave the table; counters, latencies, listeners."""
+        keys = [(j.id, j.run_lease) for j, _ in report.jobs]
+        self.attempts.closed(keys)
+        self.executor.forget_flushed(keys)
         st = dict.fromkeys(self.stats, 0)
         st["batches"] = 1
         e2e: list[float] = []
         pickup: list[float] = []
         closed: list[AttemptClosed] | None = [] if self.flush_listeners else None
-        for job, outcome in report.jobs:
-            key = (job.id, job.run_lease)
-            self.held.pop(key, None)
-            self.claimed_at.pop(key, None)
-            self.stateful.discard(key)
+        for (job, outcome), key in zip(report.jobs, keys):
             if outcome is RELEASE:
                 continue
             if key in report.stale:
@@ -857,66 +428,6 @@ class Claimer:
         self.shm.set_in_flight(self._outstanding)
         self.shm.heartbeat()
 
-    # -- LISTEN/NOTIFY -------------------------------------------------------------------
-
-    def _listen(self) -> None:
-        backoff = 0.1
-        while not self._stopping.is_set():
-            try:
-                conn = connect(self.config.dsn, application_name=f"awa_fast:listen:{self.config.queue}",
-                               connect_timeout=int(self.config.io_timeout + 0.999))
-                self._listen_conn = conn
-                conn.execute(f'LISTEN "{self.storage.channel}"')
-                backoff = 0.1
-                self._backlog_maybe = True
-                self._wake.set()  # poll once after every (re)LISTEN: wakeups may have been missed
-                last_ping = time.monotonic()
-                while not self._stopping.is_set():
-                    for note in conn.notifies(timeout=1.0):
-                        if note.payload == self.config.queue:
-                            self._backlog_maybe = True
-                            self._wake.set()
-                    if time.monotonic() - last_ping >= max(0.5, self.config.io_timeout / 2):
-                        # a half-open socket delivers no notification and no
-                        # error: only an answer proves the connection alive
-                        self._ping_started = time.monotonic()
-                        try:
-                            conn.execute("SELECT 1")
-                        finally:
-                            self._ping_started = None
-                        last_ping = time.monotonic()
-            except (psycopg.Error, DatabaseUnavailable) as exc:
-                if self._stopping.is_set():
-                    return
-                log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, backoff,
-                            extra={"action": "listen_error"})
-                self._stopping.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
-            finally:
-                close_quietly(self._listen_conn)
-                self._listen_conn = None
-
-    # -- hang detection and batcher death ------------------------------------------------
-
-    def _watchdog(self) -> None:
-        """Shut down the socket of a claim, flush or LISTEN ping that hangs (half-open peer);
-        close attempts past their kind's timeout."""
-        if self._timed:
-            self._check_timeouts()
-        now = time.monotonic()
-        limit = self.config.io_timeout
-        checks = [(self._claim_started, self._claim_conn, "claim", limit),
-                  (self.batcher.flush_started, self.batcher.connection(), "completion flush", limit),
-                  (self._ping_started, self._listen_conn, "LISTEN ping", limit)]
-        for started, conn, what, allowed in checks:
-            if started is not None and conn is not None and now - started > allowed:
-                log.error("%s has had no answer for %.0fs: closing its connection", what, now - started,
-                          extra={"action": "io_timeout"})
-                _shutdown_socket(conn)
-
-    def _batcher_died(self) -> None:
-        self.stop()
-
     # -- drain ---------------------------------------------------------------------------------
 
     def _drain(self) -> int:
@@ -924,33 +435,14 @@ class Claimer:
         self._set_state("draining")
         log.info("claimer %s#%d draining", cfg.queue, cfg.stripe, extra={"action": "drain_start"})
         # Hand back claimed jobs that never started: no attempt consumed.
-        handed_back = 0
-        while True:
-            try:
-                chunk = self._work.get_nowait()
-            except queue.Empty:
-                break
-            if chunk is None:
-                continue
-            self.batcher.submit_many([(job, (CLOSE_SNOOZE, 0.0, None)) for job in chunk])
-            with self._count_lock:
-                self._outstanding -= len(chunk)
-            handed_back += len(chunk)
-        for _ in self._threads:
-            self._work.put(None)
+        handed_back = self.executor.hand_back_unstarted()
+        with self._count_lock:
+            self._outstanding -= handed_back
         deadline = time.monotonic() + cfg.drain_timeout
-        for t in self._threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-        clean = not any(t.is_alive() for t in self._threads)
-        if self._loop is not None:
-            alive = self._loop_thread is not None and self._loop_thread.is_alive()
-            while alive and self._outstanding > 0 and time.monotonic() < deadline:
-                time.sleep(0.01)
-            clean = clean and self._outstanding == 0
-            self._loop.call_soon_threadsafe(self._loop.stop)
-        with self._timed_lock:
-            self._timeouts_closed = True
+        clean = self.executor.stop(deadline, lambda: self._outstanding)
+        self.executor.close_timeouts()
         flushed = self.batcher.stop(max(1.0, deadline - time.monotonic()))
+        self.watchdog.stop()  # after the batcher: its last flush is still watched
         self.heartbeat.stop()
         self._close_claim_conn()
         self._publish()
@@ -968,72 +460,3 @@ class Claimer:
             log.error("%d outcomes could not be written; their attempts will be rescued",
                       self.batcher.dropped, extra={"action": "drain_dropped"})
         return 0 if clean and flushed and not self.batcher.dropped else 1
-
-
-def _shutdown_socket(conn: psycopg.Connection) -> None:
-    import socket
-
-    try:
-        dup = socket.fromfd(conn.fileno(), socket.AF_UNIX if conn.info.host.startswith("/") else socket.AF_INET,
-                            socket.SOCK_STREAM)
-    except (OSError, psycopg.Error):
-        return
-    try:
-        dup.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    finally:
-        dup.close()
-
-
-def _seconds(value: object) -> float:
-    try:
-        v = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return 0.0
-    if v != v or v < 0:
-        return 0.0
-    return min(v, 10 * 365 * 86400.0)
-
-
-# A handler parked its attempt for a callback: nothing to write.
-_PARKED = object()
-# Claimed but never started when the drain began: given back without consuming an attempt.
-_HAND_BACK = object()
-
-
-def die_with_parent() -> None:
-    """Ask Linux to send SIGTERM (a drain) to this child when the supervisor dies."""
-    try:
-        import ctypes
-        import signal
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: the claim loop's getppid check still applies
-        pass
-
-
-def claimer_main(app_ref: str, config: ClaimerConfig, shm_name: str | None, shm_index: int) -> None:
-    """Entry point of a claimer process (forked by the supervisor)."""
-    import signal
-
-    from awa_fast.runtime.loader import load_app
-
-    die_with_parent()
-    app = load_app(app_ref)
-    record = None
-    ring = None
-    if shm_name:
-        from awa_fast.runtime.shm import ShmRing
-
-        ring = ShmRing.attach(shm_name)
-        record = ring.claimer(shm_index)
-    claimer = Claimer(config, app.registry, record, getattr(app, "flush_listeners", ()))
-    signal.signal(signal.SIGTERM, lambda *_: claimer.stop())
-    signal.signal(signal.SIGINT, lambda *_: claimer.stop())
-    code = claimer.run()
-    if ring is not None:
-        ring.close()
-    os._exit(code)

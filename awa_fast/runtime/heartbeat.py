@@ -7,7 +7,10 @@ answers flag cancel requests and stale attempts (rescued or closed
 elsewhere): both turn ``job.is_cancelled()`` True, and the claimer is told
 (``on_lost``/``on_cancel``) so it can cancel an async handler's task.
 A wake-up much later than scheduled means something held the GIL: it is
-logged and counted, since it can let heartbeats lapse.
+logged and counted (``gil_stalls``), since it can let heartbeats lapse.
+Which attempts are held, and since when, is read from the claimer's
+:class:`~awa_fast.runtime.attempts.AttemptTable`; this thread runs nothing
+but heartbeats (hung I/O is the watchdog's).
 
 One bad entry never stops the batch: progress is encoded inside the guard,
 a batch that fails with a data error (not a lost connection) is sent again
@@ -29,6 +32,7 @@ import psycopg
 
 from awa_fast.errors import DatabaseUnavailable
 from awa_fast.jobs import Job
+from awa_fast.runtime.attempts import AttemptTable, Key
 from awa_fast.storage import AttemptResult, RawJson, Storage, close_quietly, connect
 
 log = logging.getLogger("awa_fast.heartbeat")
@@ -52,32 +56,29 @@ class _BatchFailed(Exception):
 class Heartbeat:
     """The heartbeat thread of one claimer."""
 
-    def __init__(self, config: HeartbeatConfig, held: dict[tuple[int, int], Job],
-                 claimed_at: dict[tuple[int, int], float], stateful: set[tuple[int, int]],
-                 on_gil_stall: Callable[[float], None] | None = None) -> None:
+    def __init__(self, config: HeartbeatConfig, attempts: AttemptTable, *,
+                 on_lost: Callable[[list[Job]], None] | None = None,
+                 on_cancel: Callable[[list[Job]], None] | None = None,
+                 on_death: Callable[[BaseException], None] | None = None) -> None:
         self.config = config
         self.storage = Storage(config.schema)
-        self._held = held
-        self._claimed_at = claimed_at
-        self._stateful = stateful
-        self._dirty: dict[tuple[int, int], Job] = {}
-        self._lock = threading.Lock()
+        self._attempts = attempts
+        self._dirty: dict[Key, Job] = {}
+        self._lock = threading.Lock()  # guards _dirty (handler threads add, this thread takes)
         self._stop = threading.Event()
         self._kick = threading.Event()
-        self._on_gil_stall = on_gil_stall
         self._conn: psycopg.Connection | None = None
         self._thread = threading.Thread(target=self._run, name="awa-heartbeat", daemon=True)
-        self.watchdog: Callable[[], None] | None = None  # run every tick (claimer's hang detection)
         # Told once per attempt, from this thread: attempts found stale, attempts with a cancel request.
-        self.on_lost: Callable[[list[Job]], None] | None = None
-        self.on_cancel: Callable[[list[Job]], None] | None = None
+        self.on_lost = on_lost
+        self.on_cancel = on_cancel
         # Called if this thread dies anyway (a bug): the claimer must not run on without heartbeats.
-        self.on_death: Callable[[BaseException], None] | None = None
+        self.on_death = on_death
         self.dropped_progress = 0
         # Stale answers not yet acted on: key -> (job, when). Our own completion, committed
-        # while this batch ran, also reads stale; it leaves `held` within milliseconds, so
+        # while this batch ran, also reads stale; it leaves the table within milliseconds, so
         # an attempt still held one tick later was really rescued or closed elsewhere.
-        self._suspect: dict[tuple[int, int], tuple[Job, float]] = {}
+        self._suspect: dict[Key, tuple[Job, float]] = {}
         self.sent = 0
         self.stale = 0
         self.gil_stalls = 0
@@ -101,17 +102,12 @@ class Heartbeat:
     def run_once(self) -> int:
         """Send one heartbeat batch now; returns how many attempts it covered."""
         now = time.monotonic()
-        held = self._held
         if self._suspect:
             self._confirm_lost(now)
-        due: dict[tuple[int, int], Job] = {}
-        for key, started in list(self._claimed_at.items()):
-            if now - started >= self.config.interval:
-                job = held.get(key)
-                if job is not None and not job.lease_backed:
-                    due[key] = job
+        due = self._attempts.due(now, self.config.interval)
         with self._lock:
             dirty, self._dirty = self._dirty, {}
+        held = self._attempts.held_among(dirty) if dirty else set()
         for key, job in dirty.items():
             if key in held and key not in self._suspect and not job.is_abandoned():  # ended: leaves the dirty set
                 due[key] = job
@@ -130,6 +126,7 @@ class Heartbeat:
             log.warning("heartbeat of %d attempts failed: %s", len(jobs), exc, extra={"action": "heartbeat_error"})
             close_quietly(self._conn)
             self._conn = None
+            held = self._attempts.held_among(dirty) if dirty else set()
             with self._lock:
                 for key, job in dirty.items():
                     if key in held:
@@ -144,8 +141,9 @@ class Heartbeat:
         """Stale attempts still held a tick later were rescued or closed elsewhere: tell them."""
         grace = min(self.config.interval / 4, 0.5)
         lost: list[Job] = []
+        held = self._attempts.held_among(self._suspect)
         for key, (job, seen) in list(self._suspect.items()):
-            if key not in self._held:
+            if key not in held:
                 del self._suspect[key]  # completed here and flushed: nothing to tell
             elif now - seen >= grace:
                 del self._suspect[key]
@@ -209,6 +207,8 @@ class Heartbeat:
     def _apply(self, results: list[AttemptResult], jobs: list[Job]) -> None:
         by_key = {(j.id, j.run_lease): j for j in jobs}
         cancel: list[Job] = []
+        stale: list[Key] = []
+        live: list[Key] = []
         for r in results:  # results come back in lock order, not input order
             key = (r.job_id, r.run_lease)
             job = by_key[key]
@@ -216,14 +216,15 @@ class Heartbeat:
                 self.stale += 1
                 # Nothing more to heartbeat: the attempt is closed (rescued, closed elsewhere, or
                 # completed by this claimer a moment ago); the next tick tells which.
-                self._claimed_at.pop(key, None)
+                stale.append(key)
                 if not job.is_abandoned():
                     self._suspect.setdefault(key, (job, time.monotonic()))
             else:
-                self._stateful.add(key)
+                live.append(key)
                 if r.status == "cancel" and not job._cancelled:  # noqa: SLF001
                     job._cancelled = True  # noqa: SLF001
                     cancel.append(job)
+        self._attempts.answered(stale, live)
         if cancel and self.on_cancel is not None:
             self.on_cancel(cancel)
 
@@ -246,16 +247,8 @@ class Heartbeat:
                 self.gil_stalls += 1
                 log.warning("heartbeat thread woke %.1fs late: a handler may be holding the GIL",
                             late, extra={"action": "gil_stall"})
-                if self._on_gil_stall is not None:
-                    self._on_gil_stall(late)
             if self._stop.is_set():
                 break
-            # The watchdog and the batch are guarded apart: neither can stop the other, nor this thread.
-            if self.watchdog is not None:
-                try:
-                    self.watchdog()
-                except Exception:  # noqa: BLE001
-                    log.exception("I/O watchdog failed", extra={"action": "watchdog_error"})
             try:
                 self.run_once()
             except Exception:  # noqa: BLE001

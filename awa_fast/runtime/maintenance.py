@@ -293,7 +293,7 @@ def maintenance_main(config: MaintenanceConfig, shm_name: str | None) -> None:
     """Entry point of the maintenance process (forked by the supervisor)."""
     import signal
 
-    from awa_fast.runtime.claimer import die_with_parent
+    from awa_fast.runtime.entry import die_with_parent
 
     die_with_parent()
     parent = os.getppid()

@@ -27,7 +27,8 @@ import multiprocess
 from awa_fast.client import validate_name
 from awa_fast.errors import AwaFastError, ConfigError, DatabaseUnavailable
 from awa_fast.periodic import sync_app_schedules
-from awa_fast.runtime.claimer import ClaimerConfig, claimer_main
+from awa_fast.runtime.claimer import ClaimerConfig
+from awa_fast.runtime.entry import claimer_main
 from awa_fast.runtime.maintenance import MaintenanceConfig, maintenance_main
 from awa_fast.storage import Storage, connect
 

@@ -32,6 +32,7 @@ from awa_fast.jobs import ClaimSnapshot
 from awa_fast.storage.connection import clean_text
 from awa_fast.storage.copy_rows import encode_done_result_rows
 from awa_fast.storage.schema import latest_version, named_queries, render, validate_schema
+from awa_fast.storage.sessions import SessionQueries
 from awa_fast.storage.types import (AttemptResult, LaneRange, RawJson)
 
 from awa_fast.limits import KEEP as _LIMIT_KEEP
@@ -51,7 +52,7 @@ _DONE_RESULT_COPY = "COPY __SCHEMA__.done_entries (ready_slot, job_id, lane_id, 
 _CLOSURE_COPY = "COPY __SCHEMA__.lease_claim_closures (claim_slot, claim_id, job_id, run_lease, outcome) FROM STDIN (FORMAT binary)"
 
 
-class Storage:
+class Storage(SessionQueries):
     """All SQL of one awa-fast schema. Stateless apart from its rendered queries."""
 
     __slots__ = ("schema", "q", "channel", "_done_copy", "_closure_copy", "_done_result_copy")

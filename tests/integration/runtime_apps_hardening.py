@@ -88,19 +88,19 @@ async def async_ok(job: Any) -> None:
 
 @app.job("hx.kill_worker", queue=QUEUE)
 def kill_worker(job: Any) -> None:
-    """Attempt 1 breaks the worker thread itself: the claimer's error_text raises SystemExit once."""
+    """Attempt 1 breaks the worker thread itself: the executor's error_text raises SystemExit once."""
     if job.attempt >= 2:
         record(job)
         return
-    from awa_fast.runtime import claimer
+    from awa_fast.runtime import executor
 
-    real = claimer.error_text
+    real = executor.error_text
 
     def broken(exc: Any) -> str:
-        claimer.error_text = real
+        executor.error_text = real
         raise SystemExit("error_text broke (test)")
 
-    claimer.error_text = broken
+    executor.error_text = broken
     record(job, "start")
     raise ValueError("fails, and formatting the failure kills the worker")
 

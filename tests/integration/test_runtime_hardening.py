@@ -29,6 +29,7 @@ import pytest
 from awa_fast.client import Client
 from awa_fast.errors import OutOfRange, PayloadError
 from awa_fast.jobs import Job
+from awa_fast.runtime.attempts import AttemptTable
 from awa_fast.runtime.heartbeat import Heartbeat, HeartbeatConfig
 from awa_fast.storage import RawJson
 from awa_fast.storage.migrate import migrate
@@ -245,9 +246,9 @@ def test_the_heartbeat_survives_bad_entries_and_drops_only_them(pg_dsn, schema, 
     nul._progress = RawJson(b'{"t": "\\u0000"}')  # noqa: SLF001 - valid JSON, refused by jsonb
     good._progress = RawJson(b'{"step": 7}')  # noqa: SLF001
     unencodable._progress = {1, 2}  # noqa: SLF001 - not JSON at all
-    held = {(j.id, j.run_lease): j for j in jobs}
-    claimed_at = dict.fromkeys(held, 0.0)  # claimed long ago: every one is due
-    hb = Heartbeat(HeartbeatConfig(pg_dsn, schema, interval=0.5), held, claimed_at, set())
+    attempts = AttemptTable()
+    attempts.claimed(jobs, 0.0)  # claimed long ago: every one is due
+    hb = Heartbeat(HeartbeatConfig(pg_dsn, schema, interval=0.5), attempts)
     try:
         with caplog.at_level(logging.ERROR, logger="awa_fast.heartbeat"):
             assert hb.run_once() == 3
@@ -266,11 +267,12 @@ def test_the_heartbeat_survives_bad_entries_and_drops_only_them(pg_dsn, schema, 
 def test_an_attempt_that_ended_leaves_the_heartbeat_dirty_set(pg_dsn, schema, storage, conn):
     [job] = _claimed_jobs(storage, conn, 1)
     key = (job.id, job.run_lease)
-    held = {key: job}
-    hb = Heartbeat(HeartbeatConfig(pg_dsn, schema, interval=60), held, {key: time.monotonic()}, set())
+    attempts = AttemptTable()
+    attempts.claimed([job], time.monotonic())
+    hb = Heartbeat(HeartbeatConfig(pg_dsn, schema, interval=60), attempts)
     try:
         hb.progress_changed(job)
-        held.pop(key)  # completed and flushed
+        attempts.closed([key])  # completed and flushed
         assert hb.run_once() == 0
         assert hb.run_once() == 0
         assert sqlx(conn, schema, "SELECT count(*) FROM __SCHEMA__.attempt_state") == [(0,)]
