@@ -1,6 +1,6 @@
 """``awa-fast cron list [--json] | pause NAME | resume NAME | trigger NAME``.
 
-Wired into ``awa_fast/cli.py`` with two lines::
+Wired into ``awa_fast/cli/parser.py`` with two lines::
 
     from awa_fast import cron_cli              # with the other imports
     cron_cli.add_parser(sub)                   # in build_parser(), beside the other subcommands

@@ -541,17 +541,12 @@ if _pytest is not None:
         if given:
             yield given
             return
-        from awa_fast.embedded import PostgresCluster, embedded_bindir, system_bindir
+        from awa_fast.embedded import private_server
 
-        cluster = PostgresCluster(tmp_path_factory.mktemp("awa_fast_pg") / "data", system_bindir() or embedded_bindir(),
-                                  settings={"fsync": "off", "synchronous_commit": "off", "max_connections": "200",
-                                            "log_min_messages": "warning"})
-        cluster.init()
-        cluster.start()
-        try:
+        with private_server(tmp_path_factory.mktemp("awa_fast_pg"),
+                            settings={"fsync": "off", "synchronous_commit": "off", "max_connections": "200",
+                                      "log_min_messages": "warning"}) as cluster:
             yield cluster.dsn
-        finally:
-            cluster.stop("immediate")
 
     @_pytest.fixture
     def awa_fast_app(request: pytest.FixtureRequest) -> App:

@@ -46,7 +46,7 @@ implementation (``AWA_FAST_IMPL``, inherited by the workers), stored as
 metadata with the clock used (``timer``).
 
 The server: ``--dsn``, else ``AWA_FAST_DSN``, else a private PostgreSQL in a
-temporary directory (``awa_fast.embedded.PostgresCluster``, durable commits,
+temporary directory (``awa_fast.embedded.private_server``, durable commits,
 removed at the end). On a shared server the claim backlogs are kept in
 ``perf_depth_<D>`` and reused, as ``perf/claim_depth.py`` does; the
 ``perf_regress_*`` and ``perf_flush512`` schemas are dropped or rebuilt.
@@ -93,16 +93,15 @@ reading; the exit status is the gate's).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime as dt
 import json
 import math
 import os
 import pathlib
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from types import ModuleType
@@ -189,6 +188,12 @@ def _drop_schema(dsn: str, schema: str) -> None:
 
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+def _drop_schemas(dsn: str) -> None:
+    """Remove every schema the benchmarks made on a server given by DSN."""
+    for schema in (ENQUEUE1_SCHEMA, flush512.SCHEMA, DRAIN_SCHEMA):
+        _drop_schema(dsn, schema)
 
 
 _STATE: dict[str, Any] = {}
@@ -345,16 +350,6 @@ def register(runner: pyperf.Runner, dsn: str, depths: tuple[int, ...]) -> None:
 
 def _loadavg() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-def private_server() -> tuple[Any, str, pathlib.Path]:
-    """A private PostgreSQL in a temporary directory (as root it runs in a user namespace)."""
-    from awa_fast.embedded import PostgresCluster, embedded_bindir, system_bindir
-
-    root = pathlib.Path(tempfile.mkdtemp(prefix="awa-fast-regress-"))
-    cluster = PostgresCluster(root / "data", system_bindir() or embedded_bindir(), settings=SERVER_SETTINGS)
-    cluster.init()
-    return cluster, cluster.start(), root
 
 
 def prepare(dsn: str, depths: tuple[int, ...]) -> None:
@@ -519,13 +514,16 @@ def main() -> int:
           f"{psycopg.pq.__impl__}; C codec {'built' if micro_codec._codec is not None else 'missing'}",
           flush=True)
 
-    cluster = root = None
     dsn = args.dsn or os.environ.get("AWA_FAST_DSN")
-    server = "given DSN"
-    try:
-        if not dsn:
-            cluster, dsn, root = private_server()
-            server = "private"
+    server = "given DSN" if dsn else "private"
+    with contextlib.ExitStack() as stack:
+        if dsn:  # a given server: drop the schemas made here on the way out
+            stack.callback(_drop_schemas, dsn)
+        else:  # a private server in a temporary directory, removed afterwards
+            from awa_fast.embedded import private_server
+
+            dsn = stack.enter_context(private_server(settings=SERVER_SETTINGS, stop_mode="fast",
+                                                     prefix="awa-fast-regress-")).dsn
         args.dsn = dsn
         with psycopg.connect(dsn) as c:
             version = str(c.execute("SHOW server_version").fetchone()[0])  # type: ignore[index]
@@ -533,14 +531,6 @@ def main() -> int:
         print(f"# PostgreSQL {version} ({server}); claim depths {args.depths}; output {args.output}", flush=True)
         prepare(dsn, tuple(int(x) for x in args.depths.split(",")))
         register(runner, dsn, tuple(int(x) for x in args.depths.split(",")))
-    finally:
-        if cluster is None and dsn:
-            for schema in (ENQUEUE1_SCHEMA, flush512.SCHEMA, DRAIN_SCHEMA):
-                _drop_schema(dsn, schema)
-        if cluster is not None:
-            cluster.stop("fast")
-        if root is not None:
-            shutil.rmtree(root, ignore_errors=True)
     stamp_metadata(pathlib.Path(args.output), {**master_metadata, "loadavg_end": _loadavg()})
     print(f"# load at the end {_loadavg()}; wrote {args.output}", flush=True)
     if args.no_compare:

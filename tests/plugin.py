@@ -22,7 +22,7 @@ import psycopg
 import pytest
 
 import awa_fast
-from awa_fast.embedded import PostgresCluster, embedded_bindir, system_bindir
+from awa_fast.embedded import PostgresCluster, embedded_bindir, private_server, system_bindir
 from awa_fast.storage import Storage, use_raw_jsonb
 from awa_fast.storage.migrate import RingSizes, migrate
 
@@ -71,17 +71,11 @@ def pg_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresClu
     if os.environ.get("AWA_FAST_TEST_DSN"):
         yield None
         return
-    root = tmp_path_factory.mktemp("pg")
-    cluster = PostgresCluster(root / "data", _bindir(), settings={
+    with private_server(tmp_path_factory.mktemp("pg"), bindir=_bindir(), settings={
         "fsync": "on", "max_connections": "300", "shared_buffers": "256MB",
         "autovacuum_naptime": "1s", "log_min_messages": "warning",
-    })
-    cluster.init()
-    cluster.start()
-    try:
+    }) as cluster:
         yield cluster
-    finally:
-        cluster.stop("immediate")
 
 
 @pytest.fixture(scope="session")

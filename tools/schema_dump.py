@@ -26,13 +26,10 @@ migrations disagree. Regenerate it in the same commit as a new migration.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import difflib
 import pathlib
 import sys
-import tempfile
 import uuid
-from collections.abc import Iterator
 
 import psycopg
 
@@ -330,22 +327,6 @@ def _quote(schema: str) -> str:
 # -- a migrated scratch schema ----------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def private_server() -> Iterator[str]:
-    """A throw-away PostgreSQL (the test suite's binaries) in a temporary directory: its DSN."""
-    from awa_fast.embedded import PostgresCluster, embedded_bindir, system_bindir
-
-    with tempfile.TemporaryDirectory(prefix="awa-fast-schema-dump-") as tmp:
-        cluster = PostgresCluster(pathlib.Path(tmp) / "data", system_bindir() or embedded_bindir(),
-                                  settings={"log_min_messages": "warning"})
-        cluster.init()
-        cluster.start()
-        try:
-            yield cluster.dsn
-        finally:
-            cluster.stop("immediate")
-
-
 def dump_migrations(dsn: str) -> str:
     """Apply every migration to a scratch schema on ``dsn``, dump it, drop it."""
     from awa_fast.storage.migrate import RingSizes, migrate
@@ -375,8 +356,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.dsn:
         text = dump_migrations(args.dsn)
     else:
-        with private_server() as dsn:
-            text = dump_migrations(dsn)
+        from awa_fast.embedded import private_server
+
+        with private_server(settings={"log_min_messages": "warning"}, prefix="awa-fast-schema-dump-") as cluster:
+            text = dump_migrations(cluster.dsn)
     current = args.output.read_text("utf-8") if args.output.exists() else ""
     if args.check:
         if current == text:

@@ -20,14 +20,15 @@ from collections.abc import Callable, Iterator
 import psycopg
 import pytest
 
+import awa_fast
 from awa_fast import embedded
-from awa_fast.embedded import PostgresCluster
+from awa_fast.embedded import PostgresCluster, privileges
 from awa_fast.errors import ConfigError, DatabaseUnavailable
 
 pytestmark = pytest.mark.integration
 
 IS_ROOT = os.geteuid() == 0
-REPO_ROOT = pathlib.Path(embedded.__file__).resolve().parent.parent
+REPO_ROOT = pathlib.Path(awa_fast.__file__).resolve().parent.parent
 FAST = {"autovacuum": "off", "shared_buffers": "32MB"}
 
 
@@ -341,7 +342,7 @@ def test_root_without_userns_falls_back_to_nobody(
     ConfigError and creates nothing. Both cases are asserted, whichever this
     checkout is in; the system binaries keep the working case covered.
     """
-    monkeypatch.setattr(embedded, "_userns_available", lambda: False)
+    monkeypatch.setattr(privileges, "_userns_available", lambda: False)
     bindir = _fallback_bindir(which)
     nobody = pwd.getpwnam("nobody")
     # Our own fresh home, root-owned and reachable by nobody (0755); no existing
@@ -375,7 +376,7 @@ def test_root_without_userns_falls_back_to_nobody(
 def test_root_fallback_refuses_unreachable_dir(
     monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path
 ) -> None:
-    monkeypatch.setattr(embedded, "_userns_available", lambda: False)
+    monkeypatch.setattr(privileges, "_userns_available", lambda: False)
     private = tmp_path / "private"
     private.mkdir(mode=0o700)
     before = os.stat(private).st_mode

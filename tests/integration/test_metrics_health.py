@@ -25,7 +25,7 @@ pytest.importorskip("prometheus_client", reason="the [metrics] extra is not inst
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from awa_fast.embedded import PostgresCluster, embedded_bindir, system_bindir  # noqa: E402
+from awa_fast.embedded import private_server  # noqa: E402
 from awa_fast.storage.migrate import RingSizes, migrate  # noqa: E402
 from tests.integration.runtime_helpers import (  # noqa: E402
     SupervisorProc,
@@ -143,11 +143,8 @@ def test_health_fails_within_a_heartbeat_timeout_of_a_stopped_claimer(pg_dsn, sc
 
 
 def test_health_fails_when_the_database_stops(tmp_path):
-    cluster = PostgresCluster(tmp_path / "pg" / "data", system_bindir() or embedded_bindir())
-    cluster.init()
-    cluster.start()
     home = tmp_path / "home"
-    try:
+    with private_server(tmp_path / "pg") as cluster:
         migrate(cluster.dsn, "awa_fast", RingSizes(4, 4, 4))
         with SupervisorProc(cluster.dsn, "awa_fast", tmp_path, home=home) as sup:
             sup.wait_running()
@@ -159,5 +156,3 @@ def test_health_fails_when_the_database_stops(tmp_path):
             assert code == 1 and report["checks"]["database"]["ok"] is False, report
             assert time.monotonic() - stopped < DEFAULT_HEARTBEAT_TIMEOUT_S
             sup.close()
-    finally:
-        cluster.stop("immediate")
