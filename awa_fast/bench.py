@@ -393,8 +393,9 @@ class SupervisorProc:
     """A real ``awa-fast supervise awa_fast.bench:app`` subprocess and its shared-memory ring."""
 
     def __init__(self, dsn: str, schema: str, stripes: int, concurrency: int, batch: int,
-                 trace: str | None = None) -> None:
+                 trace: str | None = None, metrics: str | None = None) -> None:
         self.dsn, self.schema = dsn, schema
+        self.metrics = metrics  # HOST:PORT: the supervisor serves /metrics there (supervise --metrics)
         self.spec = f"{QUEUE}:stripes={stripes},concurrency={concurrency},batch={batch}"
         self.trace = trace
         self.home = tempfile.mkdtemp(prefix="awa-fast-bench-home-")
@@ -412,6 +413,8 @@ class SupervisorProc:
         # -P: the working directory (a source checkout, say) must not shadow the installed awa_fast
         cmd = [sys.executable, "-P", "-m", "awa_fast.cli", "--log-level", "WARNING", "supervise", "awa_fast.bench:app",
                "--schema", self.schema, "--home", self.home, "--queue", self.spec]
+        if self.metrics:
+            cmd += ["--metrics", self.metrics]
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)
 
     @property
@@ -673,7 +676,8 @@ def bench_drain(args: argparse.Namespace, dsn: str, schema: str, srv: dict[str, 
     enqueue_s = time.perf_counter() - t0
     bar.close()
     client.close()
-    sup = SupervisorProc(dsn, schema, args.stripes, args.concurrency, args.batch)
+    sup = SupervisorProc(dsn, schema, args.stripes, args.concurrency, args.batch,
+                         metrics=getattr(args, "metrics", None))
     cpu = CpuMeter(srv["postmaster_pid"])
     first_claim: float | None = None
     try:

@@ -122,7 +122,7 @@ class Job(Generic[T]):
     """
 
     __slots__ = ("snapshot", "_args_type", "_args", "_progress", "_cancelled", "_stale", "_runtime",
-                 "callback_token", "lease_backed", "started_at", "_task")
+                 "callback_token", "lease_backed", "started_at", "finished_at", "_task")
 
     def __init__(self, snapshot: ClaimSnapshot, args_type: type | None = None, runtime: Any = None) -> None:
         self.snapshot = snapshot
@@ -132,7 +132,8 @@ class Job(Generic[T]):
         self._cancelled = False
         # Set only when needed, so a claimed job costs no more than before:
         # _stale (the attempt was rescued or closed elsewhere: the heartbeat said stale)
-        # and _task (the asyncio task of an async handler, which the runtime cancels).
+        # and _task (the asyncio task of an async handler, which the runtime cancels),
+        # finished_at (when the handler returned: the handler duration metric).
         self._runtime = runtime
         self.callback_token: Any = None
         self.lease_backed = False

@@ -1,16 +1,17 @@
 """Prometheus metrics for ``awa-fast supervise --metrics HOST:PORT`` (extra ``awa-fast[metrics]``).
 
-Every scrape reads the supervisor's shared-memory segment: per-claimer
-counters and latency histograms, the ring section the maintenance process
-publishes. No database query runs per scrape. The storage gauges (queue
+Every scrape reads the supervisor's shared-memory segment: the claimers'
+status records (counters, gauges, histograms) and the ring section the
+maintenance process publishes (rings, prune outcomes, promotions, rescues). No database query runs per scrape. The storage gauges (queue
 depth from the lane heads, the DLQ size, dead tuples of the schema) come
 from :class:`StorageGauges`, a thread that refreshes them every
 ``refresh_s`` seconds on its own connection, so a scrape storm costs the
 database nothing.
 
-The shared-memory histograms keep 40 fixed buckets (50 us to 60 s, see
-:func:`awa_fast.runtime.shm.bucket_bounds`); they are exported with those
-edges as the ``le`` bounds, cumulated, never re-sampled. A claimer's
+The shared-memory histograms keep fixed buckets: 40 for durations (50 us to
+60 s, see :func:`awa_fast.runtime.shm.bucket_bounds`), 16 for job counts
+(0, 1, 2, 4 ... 8192, see :func:`awa_fast.runtime.shm.size_bounds`); they are
+exported with those edges as the ``le`` bounds, cumulated, never re-sampled. A claimer's
 counters live in its record, which survives the claimer's restart, so the
 counters only go up for the life of the supervisor.
 
@@ -60,12 +61,27 @@ CALL_COUNTERS: dict[str, tuple[str, str]] = {
     "claim_calls": ("claim_calls", "Calls of the claim function."),
     "empty_claims": ("claim_empty", "Claim calls that returned no job."),
     "batches_flushed": ("completion_flushes", "Completion batcher flushes committed."),
+    "heartbeat_failures": ("heartbeat_failures", "Heartbeat batches that failed (connection lost, database error)."),
 }
+# shared-memory gauge -> (metric name, help)
+GAUGES: dict[str, tuple[str, str]] = {
+    "in_flight": ("jobs_in_flight", "Attempts claimed and not yet handed to the batcher."),
+    "waiting": ("jobs_waiting", "Attempts claimed and not started: buffered because every worker slot is busy."),
+    "abandoned": ("handlers_abandoned", "Sync handlers still running although their attempt was rescued or timed out."),
+}
+# shared-memory histogram -> (metric name, help); the time ones in seconds, the size ones in jobs
 HISTOGRAMS: dict[str, tuple[str, str]] = {
     "pickup": ("pickup_latency_seconds", "From enqueue commit (database clock) to handler start."),
     "e2e": ("end_to_end_latency_seconds", "From enqueue commit (database clock) to durable completion."),
+    "handler": ("handler_duration_seconds", "From handler start to handler return."),
+    "flush_seconds": ("completion_flush_duration_seconds", "One completion flush, first write to commit."),
+    "claim_seconds": ("claim_duration_seconds", "One call of the claim function."),
+    "flush_jobs": ("completion_flush_jobs", "Outcomes written by one completion flush."),
+    "claim_jobs": ("claim_batch_jobs", "Jobs returned by one call of the claim function."),
 }
-PRUNE_OUTCOMES = ("pruned", "empty", "busy", "blocked", "current")
+SIZE_HISTOGRAMS = frozenset({"flush_jobs", "claim_jobs"})
+PRUNE_OUTCOMES = ("pruned", "empty", "busy", "blocked", "current", "retained")
+RESCUE_KINDS = {"receipt": "rescued_receipt", "lease": "rescued_lease"}
 
 
 def parse_bind(text: str, default_port: int = 9187) -> tuple[str, int]:
@@ -164,20 +180,23 @@ def _claimer_metrics(snap: dict[str, Any]) -> Iterator[Metric]:
             for c in claimers:
                 fam.add_metric([c["queue"], str(c["stripe"])], float(c.get(key, 0)))
             yield fam
-    in_flight = family(GaugeMetricFamily, "jobs_in_flight", "Attempts claimed and not yet handed to the batcher.")
+    gauges = {key: family(GaugeMetricFamily, name, doc) for key, (name, doc) in GAUGES.items()}
     up = family(GaugeMetricFamily, "claimer_up", "1 while the claimer runs and published within 10 s.")
     alive = family(GaugeMetricFamily, "claimer_last_alive_timestamp_seconds", "When the claimer last published.")
     starts = family(CounterMetricFamily, "claimer_starts", "Times the claimer (re)started.")
     for c in claimers:
         lv = [c["queue"], str(c["stripe"])]
-        in_flight.add_metric(lv, float(c.get("in_flight", 0)))
+        for key, fam in gauges.items():
+            fam.add_metric(lv, float(c.get(key, 0)))
         fresh = c.get("state") == "running" and now - float(c.get("last_alive", 0.0)) < 10.0
         up.add_metric(lv, 1.0 if fresh else 0.0)
         alive.add_metric(lv, float(c.get("last_alive", 0.0)))
         starts.add_metric(lv, float(c.get("starts", 0)))
-    yield from (in_flight, up, alive, starts)
-    bounds = snap.get("histogram_bounds") or []
+    yield from (*gauges.values(), up, alive, starts)
+    time_bounds = snap.get("histogram_bounds") or []
+    size_bounds = snap.get("size_bounds") or []
     for key, (name, doc) in HISTOGRAMS.items():
+        bounds = size_bounds if key in SIZE_HISTOGRAMS else time_bounds
         fam = family(HistogramMetricFamily, name, doc)
         for c in claimers:
             hist = c.get(key) or {}
@@ -218,6 +237,8 @@ def _ring_metrics(snap: dict[str, Any]) -> Iterator[Metric]:
                             labels=["ring"])
     prune = GaugeMetricFamily(f"{PREFIX}_ring_prune_slots",
                               "Slots by outcome in the ring's last prune pass.", labels=["ring", "outcome"])
+    prunes = CounterMetricFamily(f"{PREFIX}_prunes", "Slots by outcome over every prune pass of this host's "
+                                 "maintenance process while it led.", labels=["ring", "outcome"])
     for ring, st in sorted(rings.items()):
         if int(st.get("current_slot", -1)) < 0:
             continue  # not published yet
@@ -228,7 +249,21 @@ def _ring_metrics(snap: dict[str, Any]) -> Iterator[Metric]:
             age.add_metric([ring], max(0.0, now - last))
         for outcome in PRUNE_OUTCOMES:
             prune.add_metric([ring, outcome], float(st.get(f"prune_{outcome}", 0)))
-    yield from (slot, gen, age, prune)
+    for ring, st in sorted(rings.items()):
+        for outcome in PRUNE_OUTCOMES:
+            prunes.add_metric([ring, outcome], float(st.get(f"total_{outcome}", 0)))
+    yield from (slot, gen, age, prune, prunes)
+    totals = maint.get("totals") or {}
+    promotions = CounterMetricFamily(f"{PREFIX}_promotions",
+                                     "Deferred jobs (scheduled, retryable, snoozed) promoted to ready by this host's "
+                                     "maintenance process while it led.")
+    promotions.add_metric([], float(totals.get("promoted", 0)))
+    rescues = CounterMetricFamily(f"{PREFIX}_rescues", "Attempts rescued by this host's maintenance process while "
+                                  "it led: receipt (heartbeat or deadline gone stale), lease (callback timed out).",
+                                  labels=["kind"])
+    for kind, key in RESCUE_KINDS.items():
+        rescues.add_metric([kind], float(totals.get(key, 0)))
+    yield from (promotions, rescues)
 
 
 def _storage_metrics(g: StorageGauges) -> Iterator[Metric]:

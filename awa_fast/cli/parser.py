@@ -230,6 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="drain, bulk-enqueue: pad each job's args to about N bytes of JSON")
     sp.add_argument("--rss-every", type=float, default=0.0, metavar="SECONDS",
                     help="latency, pinned-reader: sample every claimer's RSS this often (0: off)")
+    sp.add_argument("--metrics", metavar="HOST:PORT", default=None,
+                    help="drain: the supervisor serves Prometheus /metrics there (supervise --metrics)")
     sp.set_defaults(func=cmd_bench)
     cron_cli.add_parser(sub)  # awa-fast cron list|pause|resume|trigger (awa_fast/cron_cli.py)
     return p

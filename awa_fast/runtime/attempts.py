@@ -90,6 +90,11 @@ class AttemptTable:
                         out[key] = job
             return out
 
+    def not_started(self) -> int:
+        """Attempts held whose handler has not started: buffered here, every worker slot busy (a gauge)."""
+        with self._lock:
+            return sum(1 for job in self._held.values() if not job.started_at)
+
     def held_among(self, keys: Iterable[Key]) -> set[Key]:
         """Of ``keys``, those still held here."""
         with self._lock:

@@ -62,6 +62,14 @@ _BUSY_PAUSE_FIRST = 0.002
 _BUSY_PAUSE_MAX = 0.02
 
 
+_WAITING_EVERY_S = 0.1
+
+
+def _no_samples() -> dict[str, list[float]]:
+    return {"pickup": [], "e2e": [], "handler": [], "flush_jobs": [], "flush_seconds": [], "claim_jobs": [],
+            "claim_seconds": []}
+
+
 def next_busy_pause(pause: float) -> float:
     """The pause after ``pause`` when the lane is still busy: doubling, at most 20 ms.
 
@@ -156,8 +164,10 @@ class Claimer:
         self._clock_measured = 0.0
         self.stats = {"claimed": 0, "completed": 0, "retried": 0, "failed": 0, "cancelled": 0,
                       "snoozed": 0, "stale": 0, "claim_calls": 0, "empty_claims": 0, "batches": 0}
-        self._pickup: list[float] = []
-        self._e2e: list[float] = []
+        self._samples = _no_samples()  # histogram samples until the next publish (see runtime.shm.HISTOGRAMS)
+        self._heartbeat_failures_published = 0
+        self._waiting = 0  # the waiting gauge as last computed, and when (monotonic)
+        self._waiting_at = -1e9
         self._stats_lock = threading.Lock()  # claim loop and batcher thread both count
 
     # -- lifecycle --------------------------------------------------------------------
@@ -247,6 +257,7 @@ class Claimer:
                     want = min(free, cfg.claim_batch)
                     self._backlog_maybe = True
                     self._claim_guard.begin(conn)
+                    claim_t0 = time.monotonic()
                     try:
                         snaps, lane_busy = self.limits.claim_call(conn)(conn, cfg.queue, want, cfg.stripe,
                                                                          cfg.stripes)
@@ -261,7 +272,7 @@ class Claimer:
                     self._stopping.wait(backoff)
                     backoff = min(backoff * 2, 5.0)
                     continue
-                self.count("claim_calls", 1)
+                self._claim_observed(time.monotonic() - claim_t0, len(snaps))
                 if self._on_short_claim is not None and len(snaps) < want:
                     self._on_short_claim(lane_busy)
                 if len(snaps) < want and not lane_busy and len(snaps) < _SHORT_CLAIM_SLEEPS:
@@ -327,6 +338,12 @@ class Claimer:
         if self._backlog_maybe and not self._wake.is_set() and self._outstanding <= self.config.concurrency:
             self._wake.set()
 
+    def _claim_observed(self, seconds: float, jobs: int) -> None:
+        with self._stats_lock:
+            self.stats["claim_calls"] += 1
+            self._samples["claim_seconds"].append(seconds)
+            self._samples["claim_jobs"].append(jobs)
+
     def count(self, key: str, n: int) -> None:
         """Add ``n`` to the counter ``key`` (any thread)."""
         with self._stats_lock:
@@ -377,8 +394,12 @@ class Claimer:
         st["batches"] = 1
         e2e: list[float] = []
         pickup: list[float] = []
+        handler: list[float] = []
         closed: list[AttemptClosed] | None = [] if self.flush_listeners else None
         for (job, outcome), key in zip(report.jobs, keys):
+            finished = getattr(job, "finished_at", 0.0)  # unset: the handler never ran
+            if finished:
+                handler.append(finished - job.started_at)
             if outcome is RELEASE:
                 continue
             if key in report.stale:
@@ -400,8 +421,12 @@ class Claimer:
         with self._stats_lock:
             for k, v in st.items():
                 self.stats[k] += v
-            self._e2e.extend(e2e)
-            self._pickup.extend(pickup)
+            samples = self._samples
+            samples["e2e"].extend(e2e)
+            samples["pickup"].extend(pickup)
+            samples["handler"].extend(handler)
+            samples["flush_jobs"].append(len(report.jobs))
+            samples["flush_seconds"].append(report.seconds)
         if closed:
             for listener in self.flush_listeners:
                 try:
@@ -415,18 +440,21 @@ class Claimer:
 
     def _publish(self) -> None:
         if self.shm is None:
+            # an in-process worker: its counters stay here (its summary reads them), samples are not kept
+            with self._stats_lock:
+                self._samples = _no_samples()
             return
         with self._stats_lock:
             st, self.stats = self.stats, dict.fromkeys(self.stats, 0)
-            pickup, self._pickup = self._pickup, []
-            e2e, self._e2e = self._e2e, []
-        self.shm.add(**st)
-        if pickup:
-            self.shm.observe_latency("pickup", pickup)
-        if e2e:
-            self.shm.observe_latency("e2e", e2e)
-        self.shm.set_in_flight(self._outstanding)
-        self.shm.heartbeat()
+            samples, self._samples = self._samples, _no_samples()
+            hb_failures = self.heartbeat.failures
+            st["heartbeat_failures"] = hb_failures - self._heartbeat_failures_published
+            self._heartbeat_failures_published = hb_failures
+        now = time.monotonic()
+        if now - self._waiting_at >= _WAITING_EVERY_S:  # a scan of the held attempts: at most 10 a second
+            self._waiting, self._waiting_at = self.attempts.not_started(), now
+        # one seqlock write; 'waiting': held here, handler not started (every worker slot busy)
+        self.shm.publish(st, samples, in_flight=self._outstanding, waiting=self._waiting)
 
     # -- drain ---------------------------------------------------------------------------------
 

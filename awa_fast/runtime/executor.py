@@ -313,6 +313,8 @@ class Executor:
             return self._outcome(job, spec.handler(job))
         except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt, ... retry like any failure
             return self._failed(job, spec, exc)
+        finally:
+            job.finished_at = time.time()  # the handler duration metric
 
     # -- async handlers ---------------------------------------------------------------
 
@@ -358,6 +360,8 @@ class Executor:
             if isinstance(exc, asyncio.CancelledError) and job._cancelled:  # noqa: SLF001 - we cancelled it
                 return self._interrupted(job, exc)
             return self._failed(job, spec, exc)
+        finally:
+            job.finished_at = time.time()  # the handler duration metric
 
     # -- handler result to outcome ----------------------------------------------------
 

@@ -82,6 +82,7 @@ class Heartbeat:
         self.sent = 0
         self.stale = 0
         self.gil_stalls = 0
+        self.failures = 0  # heartbeat batches that failed (written by the heartbeat thread only)
 
     def start(self) -> None:
         self._thread.start()
@@ -123,6 +124,7 @@ class Heartbeat:
                     raise _BatchFailed(str(exc)) from exc
                 results = self._send_around_bad_progress(jobs, progress, exc)
         except (_BatchFailed, DatabaseUnavailable) as exc:
+            self.failures += 1
             log.warning("heartbeat of %d attempts failed: %s", len(jobs), exc, extra={"action": "heartbeat_error"})
             close_quietly(self._conn)
             self._conn = None
@@ -252,6 +254,7 @@ class Heartbeat:
             try:
                 self.run_once()
             except Exception:  # noqa: BLE001
+                self.failures += 1
                 log.exception("heartbeat batch failed", extra={"action": "heartbeat_error"})
                 close_quietly(self._conn)
                 self._conn = None

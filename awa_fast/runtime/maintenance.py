@@ -25,12 +25,11 @@ import psycopg
 
 from awa_fast import periodic as _periodic
 from awa_fast.errors import DatabaseUnavailable
+from awa_fast.runtime.shm.layout import RINGS  # the one ring order (also the shared-memory section's)
 from awa_fast.storage import Storage, close_quietly, connect
 from awa_fast.storage.schema import render
 
 log = logging.getLogger("awa_fast.maintenance")
-
-RINGS = ("claim", "ready", "lease")
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +63,7 @@ class Maintenance:
         self.leader_since: float | None = None
         self.parent_pid: int | None = None  # stop when this process (the supervisor) is gone
         self.last_prune: dict[str, dict[str, int]] = {}
+        self.prune_totals: dict[str, dict[str, int]] = {}  # ring -> outcome word -> slots, since start
         self.last_prune_at: dict[str, float] = {}
         self.last_rotate_at: dict[str, float] = {}
         self._ready_timing: tuple[float, float, float] | None = None  # (read at, retention s, rotate s)
@@ -172,6 +172,9 @@ class Maintenance:
             elif word not in ("empty", "current", "retained"):
                 self.counters["prune_skipped"] += 1
         self.last_prune[ring] = outcomes
+        totals = self.prune_totals.setdefault(ring, {})
+        for word, n in outcomes.items():
+            totals[word] = totals.get(word, 0) + n
         self.last_prune_at[ring] = time.time()
         return outcomes
 
@@ -251,6 +254,7 @@ class Maintenance:
                      for k, v in self.storage.ring_state(self._conn).items()}
         return {"leader": self._leader, "pid": os.getpid(), "leader_since": self.leader_since,
                 "rings": rings, "counters": dict(self.counters), "last_prune": dict(self.last_prune),
+                "prune_totals": {k: dict(v) for k, v in self.prune_totals.items()},
                 "last_prune_at": dict(self.last_prune_at), "last_rotate_at": dict(self.last_rotate_at)}
 
     def stop(self) -> None:
@@ -305,14 +309,14 @@ def maintenance_main(config: MaintenanceConfig, shm_name: str | None) -> None:
         ring = ShmRing.attach(shm_name)
 
         def publish(state: dict[str, Any]) -> None:
-            from awa_fast.runtime.shm import prune_outcome_counts
+            from awa_fast.runtime.shm import prune_outcome_fields
 
             rings: dict[str, dict[str, int | float]] = {}
             for name, st in state["rings"].items():
                 fields: dict[str, int | float] = {"current_slot": st["slot"], "generation": st["generation"],
                                                   "slot_count": st["slots"]}
-                words = [w for w, n in state["last_prune"].get(name, {}).items() for _ in range(n)]
-                fields.update(prune_outcome_counts(words))
+                fields.update(prune_outcome_fields(state["last_prune"].get(name, {})))
+                fields.update(prune_outcome_fields(state["prune_totals"].get(name, {}), "total_"))
                 if name in state["last_prune_at"]:
                     fields["last_prune"] = state["last_prune_at"][name]
                 if name in state["last_rotate_at"]:
@@ -320,7 +324,10 @@ def maintenance_main(config: MaintenanceConfig, shm_name: str | None) -> None:
                 rings[name] = fields
             ring.publish_rings(rings, os.getpid() if state["leader"] else 0,
                                leader_since=state["leader_since"],
-                               role="leader" if state["leader"] else "standby")
+                               role="leader" if state["leader"] else "standby",
+                               totals={"promoted": state["counters"]["promoted"],
+                                       "rescued_receipt": state["counters"]["rescued"],
+                                       "rescued_lease": state["counters"]["callback_rescued"]})
 
     m = Maintenance(config, publish)
     m.parent_pid = parent

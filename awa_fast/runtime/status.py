@@ -1,7 +1,8 @@
 """``awa-fast status``: queues, claimers, rings and the leader.
 
-Counters and latency come from the shared-memory rings of the supervisors
-running on this host (each found through its own locator file:
+Counters, gauges and histograms come from the status records in the
+shared-memory segments of the supervisors running on this host, the local
+maintenance totals from their ring sections (each found through its own locator file:
 ``supervisors`` lists all, ``local`` is the oldest of them); queue depth,
 ring positions and the leader come from the database, which stays the
 authority.
@@ -83,19 +84,25 @@ def format_status(data: dict[str, Any]) -> str:
     for sup in supervisors:
         if len(supervisors) > 1:
             lines.append(f"supervisor pid {sup.get('supervisor_pid')}:")
+        totals = (sup.get("maintenance") or {}).get("totals")
+        if totals:
+            lines.append(f"maintenance here ({sup['maintenance'].get('role')}): promoted {totals.get('promoted', 0)} "
+                         f"rescued {totals.get('rescued_receipt', 0)} (receipt) {totals.get('rescued_lease', 0)} (lease)")
         for c in sup.get("claimers", []):
             lines.append(f"claimer {c.get('queue')}#{c.get('stripe')} pid {c.get('pid')} {c.get('state')}: "
                          f"claimed {c.get('claimed')} completed {c.get('completed')} stale {c.get('stale')} "
-                         f"in flight {c.get('in_flight')} abandoned, still running {c.get('abandoned', 0)}")
+                         f"in flight {c.get('in_flight')} waiting {c.get('waiting', 0)} "
+                         f"abandoned, still running {c.get('abandoned', 0)} "
+                         f"heartbeat failures {c.get('heartbeat_failures', 0)}")
     return "\n".join(lines)
 
 
 def latency_summary(snapshot: dict[str, Any]) -> dict[str, dict[str, float | None]]:
-    """Pickup and end-to-end percentiles (ms) over every claimer of a shared-memory snapshot."""
+    """Pickup, end-to-end and handler percentiles (ms) over every claimer of a shared-memory snapshot."""
     from awa_fast.runtime.shm import histogram_percentiles
 
     out: dict[str, dict[str, float | None]] = {}
-    for which in ("pickup", "e2e"):
+    for which in ("pickup", "e2e", "handler"):
         total: list[int] = []
         for c in snapshot.get("claimers", []):
             buckets = c.get(which, {}).get("buckets", [])

@@ -28,11 +28,15 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 from awa_fast.embedded import private_server  # noqa: E402
 from awa_fast.storage.migrate import RingSizes, migrate  # noqa: E402
 from tests.integration.runtime_helpers import (  # noqa: E402
+    QUEUE,
+    RunLog,
     SupervisorProc,
     cli,
     connect,
     counts,
     enqueue_bulk,
+    enqueue_one,
+    pid_alive,
     wait_for,
 )
 
@@ -67,12 +71,16 @@ def _total(fams: dict[str, list], name: str, suffix: str = "") -> float:
 def test_a_scrape_during_a_drain_adds_up_and_serves_every_dashboard_metric(pg_dsn, schema, storage, tmp_path):
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
-    n = 3000
+    bulk = 3000
+    delayed = 20  # scheduled a moment ahead: the maintenance leader promotes each of them
+    n = bulk + delayed
     with SupervisorProc(pg_dsn, schema, tmp_path, extra=["--metrics", f"127.0.0.1:{port}"]) as sup, \
             connect(pg_dsn, schema) as conn:
         sup.wait_running()
         wait_for(lambda: _get(base + "/healthz")[0] == 200, 30, "the metrics address", on_timeout=sup.tail)
-        enqueue_bulk(pg_dsn, schema, "rt.sleep", [{"ms": 1}] * n)
+        for _ in range(delayed):
+            enqueue_one(pg_dsn, schema, "rt.sync", delay=1.0)
+        enqueue_bulk(pg_dsn, schema, "rt.sleep", [{"ms": 1}] * bulk)
         status, during = _get(base + "/metrics")  # while work flows
         assert status == 200 and "awa_fast_jobs_completed_total" in during
         wait_for(lambda: counts(storage, conn).get("completed", 0) == n, 120, "the drain", on_timeout=sup.tail)
@@ -87,6 +95,25 @@ def test_a_scrape_during_a_drain_adds_up_and_serves_every_dashboard_metric(pg_ds
         inf = [s for s in fams["awa_fast_pickup_latency_seconds"] if s.name.endswith("_bucket")
                and s.labels["le"] == "+Inf"]
         assert sum(s.value for s in inf) == n
+        # one handler-duration sample per job run; flushes wrote every outcome; claim calls returned every job
+        assert _total(fams, "awa_fast_handler_duration_seconds", "_count") == n
+        assert _total(fams, "awa_fast_completion_flush_jobs", "_sum") == n
+        flushes = _total(fams, "awa_fast_completion_flushes", "_total")
+        assert flushes > 0
+        assert _total(fams, "awa_fast_completion_flush_jobs", "_count") == flushes
+        assert _total(fams, "awa_fast_completion_flush_duration_seconds", "_count") == flushes
+        calls = _total(fams, "awa_fast_claim_calls", "_total")
+        assert _total(fams, "awa_fast_claim_batch_jobs", "_sum") == n
+        assert _total(fams, "awa_fast_claim_batch_jobs", "_count") == calls == \
+            _total(fams, "awa_fast_claim_duration_seconds", "_count")
+        size_le = {s.labels["le"] for s in fams["awa_fast_claim_batch_jobs"] if s.name.endswith("_bucket")}
+        assert {"0.0", "1.0", "2.0", "4.0", "8192.0", "+Inf"} <= size_le  # the shm size buckets, not re-sampled
+        assert _total(fams, "awa_fast_heartbeat_failures", "_total") == 0
+        assert _total(fams, "awa_fast_promotions", "_total") == delayed
+        rescues = {s.labels["kind"]: s.value for s in fams["awa_fast_rescues"] if s.name.endswith("_total")}
+        assert rescues == {"receipt": 0.0, "lease": 0.0}
+        prunes = [s for s in fams["awa_fast_prunes"] if s.name.endswith("_total")]
+        assert {s.labels["ring"] for s in prunes} == {"claim", "ready", "lease"} and sum(s.value for s in prunes) > 0
         assert _total(fams, "awa_fast_maintenance_leader") == 1
         assert {s.labels["stripe"] for s in fams["awa_fast_claimer_up"]} == {"0", "1"}
 
@@ -105,6 +132,48 @@ def test_a_scrape_during_a_drain_adds_up_and_serves_every_dashboard_metric(pg_ds
         status, body = _get(base + "/readyz")
         assert status == 200 and json.loads(body)["healthy"] is True, body
         assert _get(base + "/nope")[0] == 404
+        assert sup.stop() == 0, sup.tail()
+
+
+def test_heartbeat_failures_and_rescues_reach_the_scrape(pg_dsn, schema, storage, conn, tmp_path):
+    storage.queue_configure(conn, QUEUE, heartbeat_timeout=2.0)
+    runlog = RunLog(tmp_path / "runlog")
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+
+    def scrape() -> dict[str, list]:
+        return _families(_get(base + "/metrics")[1])
+
+    with SupervisorProc(pg_dsn, schema, tmp_path, runlog=runlog, queues=[f"{QUEUE}:stripes=1,concurrency=2"],
+                        extra=["--metrics", f"127.0.0.1:{port}"]) as sup:
+        victim = sup.wait_running(1)[(QUEUE, 0)]
+        wait_for(lambda: _get(base + "/healthz")[0] == 200, 30, "the metrics address", on_timeout=sup.tail)
+        # A job held past the heartbeat interval: its heartbeat connection is cut under it.
+        first = enqueue_bulk(pg_dsn, schema, "rt.sleep", [{"ms": 3000}])[0]
+        wait_for(lambda: any(e["job"] == first for e in runlog.entries("start")), 30, "the first job to start")
+
+        def cut_heartbeat() -> bool:
+            rows = conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                "WHERE application_name LIKE 'awa_fast:heartbeat:%'").fetchall()
+            return bool(rows) and all(r[0] for r in rows)
+        wait_for(cut_heartbeat, 10, "a heartbeat connection to cut")
+        wait_for(lambda: _total(scrape(), "awa_fast_heartbeat_failures", "_total") >= 1, 20,
+                 "the heartbeat failure in the scrape", on_timeout=sup.tail)
+        wait_for(lambda: counts(storage, conn).get("completed", 0) == 1, 30, "the first job to complete")
+        # A claimer killed while it runs a job: the leader rescues its receipt after the heartbeat timeout.
+        second = enqueue_bulk(pg_dsn, schema, "rt.sleep", [{"ms": 4000}])[0]
+        wait_for(lambda: any(e["job"] == second for e in runlog.entries("start")), 30, "the second job to start")
+        assert _total(scrape(), "awa_fast_rescues", "_total") == 0
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: not pid_alive(victim), 10, "the claimer to die")
+        fams = wait_for(lambda: (lambda f: f if _total(f, "awa_fast_rescues", "_total") >= 1 else None)(scrape()),
+                        30, "the rescue in the scrape", on_timeout=sup.tail)
+        rescues = {s.labels["kind"]: s.value for s in fams["awa_fast_rescues"] if s.name.endswith("_total")}
+        assert rescues == {"receipt": 1.0, "lease": 0.0}
+        wait_for(lambda: counts(storage, conn).get("completed", 0) == 2, 60, "the rescued job to complete",
+                 on_timeout=sup.tail)
+        # the restarted claimer continues the record: the failure counted before the kill is still there
+        assert _total(scrape(), "awa_fast_heartbeat_failures", "_total") >= 1
         assert sup.stop() == 0, sup.tail()
 
 

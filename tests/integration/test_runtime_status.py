@@ -45,7 +45,13 @@ def test_status_json_with_and_without_a_local_supervisor(pg_dsn, schema, storage
         for stripe, c in by_stripe.items():
             assert c["queue"] == QUEUE and c["state"] == "running" and c["pid"] == pids[(QUEUE, stripe)], c
             assert c["claimed"] >= c["completed"] and c["stale"] == 0 and c["in_flight"] == 0, c
+            assert c["waiting"] == 0 and c["heartbeat_failures"] == 0, c
+            # one handler sample per job run, one flush-size sample per flush (they add up to the outcomes)
+            assert c["handler"]["count"] == c["completed"] == c["flush_jobs"]["sum"], c
+            assert c["flush_jobs"]["count"] == c["batches_flushed"] and c["claim_jobs"]["sum"] == c["claimed"], c
         assert sum(c["claimed"] for c in by_stripe.values()) == n
+        assert local["layout_version"] == 2 and set(local["maintenance"]["totals"]) == \
+            {"promoted", "rescued_receipt", "rescued_lease"}
         assert local["maintenance"]["leader_pid"] == sup.maintenance_pid()
         # From the database: queue, rings, leader, exact counts.
         assert [q["queue"] for q in data["queues"]] == [QUEUE]
@@ -65,10 +71,31 @@ def test_status_json_with_and_without_a_local_supervisor(pg_dsn, schema, storage
         text = cli("status", "--schema", schema, "--dsn", pg_dsn, "--home", str(home))
         assert text.returncode == 0, text.stderr
         assert f"schema {schema}" in text.stdout and "leader: pid" in text.stdout
-        assert text.stdout.count(f"claimer {QUEUE}#") == 2
+        assert text.stdout.count(f"claimer {QUEUE}#") == 2 and text.stdout.count(" waiting 0 ") == 2
+        assert "maintenance here (leader): promoted " in text.stdout
         assert sup.stop() == 0, sup.tail()
 
     after = _status(pg_dsn, schema, home)
     assert after["local"] is None, "the locator of a stopped supervisor is still followed"
     assert after["leader"] is None
     assert set(after["rings"]) == {"ready", "claim", "lease"}
+
+
+def test_waiting_counts_the_jobs_claimed_beyond_the_worker_slots(pg_dsn, schema, storage, conn, tmp_path):
+    home = tmp_path / "home"
+    with SupervisorProc(pg_dsn, schema, tmp_path, home=home, queues=[f"{QUEUE}:stripes=1,concurrency=2"]) as sup:
+        sup.wait_running(1)
+        enqueue_bulk(pg_dsn, schema, "rt.sleep", [{"ms": 1500}] * 8)
+
+        def claimer() -> dict:
+            local = _status(pg_dsn, schema, home)["local"]
+            return local["claimers"][0] if local else {}
+        # all 8 claimed at once, 2 running: 6 wait for a slot
+        c = wait_for(lambda: (lambda c: c if c.get("in_flight") == 8 else None)(claimer()), 20,
+                     "the claimer to hold all 8 jobs", interval=0.1, on_timeout=sup.tail)
+        assert c["waiting"] == 6, c
+        wait_for(lambda: counts(storage, conn).get("completed", 0) == 8, 30, "the jobs to complete")
+        c = wait_for(lambda: (lambda c: c if c.get("completed") == 8 else None)(claimer()), 20, "the counters")
+        assert (c["waiting"], c["in_flight"], c["handler"]["count"]) == (0, 0, 8), c
+        assert 1.4 < c["handler"]["mean"] < 5.0, c["handler"]  # each handler slept 1.5 s
+        assert sup.stop() == 0, sup.tail()

@@ -12,7 +12,7 @@ prometheus_client = pytest.importorskip("prometheus_client", reason="the [metric
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from awa_fast.metrics import cumulative_buckets, parse_bind, registry_for, render  # noqa: E402
-from awa_fast.runtime.shm import HIST_BUCKETS, ShmRing, bucket_bounds  # noqa: E402
+from awa_fast.runtime.shm import HIST_BUCKETS, ShmRing, bucket_bounds, bucket_index  # noqa: E402
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -71,6 +71,45 @@ def test_counters_and_histograms_come_from_the_segment(ring: ShmRing) -> None:
     assert s[("awa_fast_ring_current_slot", (("ring", "ready"),))] == 3
     assert 4 < s[("awa_fast_ring_slot_age_seconds", (("ring", "ready"),))] < 60
     assert s[("awa_fast_ring_prune_slots", (("outcome", "pruned"), ("ring", "ready")))] == 2
+
+
+def test_v2_histograms_counters_and_maintenance_totals_are_exported(ring: ShmRing) -> None:
+    rec = ring.claimer(1)
+    rec.set_state("running", pid=os.getpid())
+    handler = [0.0002, 0.004, 0.004, 2.0]
+    rec.publish({"claim_calls": 3, "heartbeat_failures": 2, "batches": 2},
+                {"handler": handler, "flush_seconds": [0.003, 0.006], "flush_jobs": [1, 300],
+                 "claim_seconds": [0.001, 0.002, 0.001], "claim_jobs": [0, 5, 296]}, waiting=4, in_flight=9)
+    rec.set_abandoned(1)
+    ring.publish_rings({"claim": {"current_slot": 1, "total_pruned": 6, "total_blocked": 2},
+                        "lease": {"current_slot": 0, "total_empty": 3}}, os.getpid(),
+                       totals={"promoted": 11, "rescued_receipt": 4, "rescued_lease": 1})
+    s = _samples(render(registry_for(ring.snapshot))[0].decode())
+    lv = (("queue", "email"), ("stripe", "1"))
+    assert s[("awa_fast_handler_duration_seconds_count", lv)] == 4
+    assert s[("awa_fast_handler_duration_seconds_sum", lv)] == pytest.approx(sum(handler))
+    le = repr(bucket_bounds()[bucket_index(0.004)])  # the shm edge that holds 4 ms, as the le bound
+    assert s[("awa_fast_handler_duration_seconds_bucket", (("le", le),) + lv)] == 3
+    assert s[("awa_fast_completion_flush_duration_seconds_count", lv)] == 2
+    assert s[("awa_fast_claim_duration_seconds_count", lv)] == 3
+    # size histograms: the shm edges 0, 1, 2, 4 ... 8192 are the le bounds, cumulated
+    assert s[("awa_fast_completion_flush_jobs_sum", lv)] == 301
+    assert s[("awa_fast_completion_flush_jobs_bucket", (("le", "1.0"),) + lv)] == 1
+    assert s[("awa_fast_completion_flush_jobs_bucket", (("le", "256.0"),) + lv)] == 1
+    assert s[("awa_fast_completion_flush_jobs_bucket", (("le", "512.0"),) + lv)] == 2
+    assert s[("awa_fast_claim_batch_jobs_bucket", (("le", "0.0"),) + lv)] == 1
+    assert s[("awa_fast_claim_batch_jobs_bucket", (("le", "+Inf"),) + lv)] == 3
+    assert s[("awa_fast_claim_batch_jobs_sum", lv)] == 301
+    assert s[("awa_fast_heartbeat_failures_total", lv)] == 2
+    assert (s[("awa_fast_jobs_waiting", lv)], s[("awa_fast_jobs_in_flight", lv)]) == (4, 9)
+    assert s[("awa_fast_handlers_abandoned", lv)] == 1
+    assert s[("awa_fast_promotions_total", ())] == 11
+    assert s[("awa_fast_rescues_total", (("kind", "receipt"),))] == 4
+    assert s[("awa_fast_rescues_total", (("kind", "lease"),))] == 1
+    assert s[("awa_fast_prunes_total", (("outcome", "pruned"), ("ring", "claim")))] == 6
+    assert s[("awa_fast_prunes_total", (("outcome", "blocked"), ("ring", "claim")))] == 2
+    assert s[("awa_fast_prunes_total", (("outcome", "empty"), ("ring", "lease")))] == 3
+    assert s[("awa_fast_prunes_total", (("outcome", "retained"), ("ring", "ready")))] == 0
 
 
 def test_a_claimer_that_never_started_is_not_exported(ring: ShmRing) -> None:

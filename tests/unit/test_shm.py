@@ -1,4 +1,4 @@
-"""The shared-memory ring: layout, seqlock across processes, histograms, locator."""
+"""The shared-memory segment: layout, seqlock across processes, status records, histograms, locator."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ import pytest
 
 from awa_fast.errors import InvalidName
 from awa_fast.runtime import shm
+from awa_fast.runtime.shm import histogram, layout, records
+from awa_fast.runtime.shm import segment as shm_segment
 from awa_fast.runtime.shm import (
     ClaimerRecord,
     ShmError,
@@ -68,7 +70,8 @@ def _child_hammer(name: str, index: int, n: int) -> None:
     rec = ring.claimer(index)
     rec.set_state("running")
     for i in range(n):
-        rec.add(claimed=1, completed=1, retried=1, batches=1)
+        # one publish: counters, a size sample and a gauge together
+        rec.publish({"claimed": 1, "completed": 1, "retried": 1, "batches": 1}, {"flush_jobs": [3]}, in_flight=i)
         if i % 100 == 0:
             rec.observe_latency("e2e", [0.01] * 10)
     ring.close()
@@ -76,14 +79,14 @@ def _child_hammer(name: str, index: int, n: int) -> None:
 
 # -- layout ----------------------------------------------------------------------
 def test_layout_sizes() -> None:
-    assert shm.segment_size(8) == 384 + 8 * 896 == 7552
-    assert shm.RECORD_SIZE % 64 == 0
+    assert shm.segment_size(8) == 576 + 8 * 2176 == 17984
+    assert layout.RECORD_SIZE % 64 == 0
 
 
 def test_create_initialises_header_and_records(ring: ShmRing) -> None:
     assert (DEV_SHM / ring.name).exists()
     h = ring.header()
-    assert h["layout_version"] == 1 and h["claimers"] == 3 and h["supervisor_pid"] == os.getpid()
+    assert h["layout_version"] == 2 and h["claimers"] == 3 and h["supervisor_pid"] == os.getpid()
     assert h["segment_size"] == shm.segment_size(3)
     r = ring.claimer(1).read()
     assert (r["queue"], r["stripe"], r["state"], r["pid"], r["starts"]) == ("email", 1, "stopped", 0, 0)
@@ -125,8 +128,9 @@ def test_two_writers_and_a_reader_add_up_exactly(ring: ShmRing) -> None:
             if r["torn"]:
                 torn += 1
                 continue
-            # one add() is one seqlock write: a consistent read never sees it half done
-            assert r["claimed"] == r["completed"] == r["retried"] == r["batches_flushed"]
+            # one publish() is one seqlock write: a consistent read never sees it half done
+            assert r["claimed"] == r["completed"] == r["retried"] == r["batches_flushed"] == r["flush_jobs"]["count"]
+            assert r["flush_jobs"]["sum"] == 3 * r["claimed"] and r["in_flight"] == max(r["claimed"] - 1, 0)
             assert r["claimed"] >= last[i], "a counter went backwards"
             assert r["e2e"]["count"] >= last_e2e[i]
             last[i], last_e2e[i] = r["claimed"], r["e2e"]["count"]
@@ -147,15 +151,15 @@ def test_dead_writer_mid_write_reads_as_torn_until_next_write(ring: ShmRing) -> 
     rec = ring.claimer(0)
     rec.add(claimed=7)
     buf = ring._buffer()
-    off = shm.CLAIMERS_OFFSET
-    seq = shm._SEQ.unpack_from(buf, off)[0]
-    shm._SEQ.pack_into(buf, off, seq + 1)  # a writer died between its two version writes
+    off = layout.CLAIMERS_OFFSET
+    seq = layout.SEQ.unpack_from(buf, off)[0]
+    layout.SEQ.pack_into(buf, off, seq + 1)  # a writer died between its two version writes
     r = rec.read()
     assert r["torn"] is True and r["claimed"] == 7
     rec.add(claimed=1)
     r = rec.read()
     assert r["torn"] is False and r["claimed"] == 8
-    assert shm._SEQ.unpack_from(buf, off)[0] % 2 == 0
+    assert layout.SEQ.unpack_from(buf, off)[0] % 2 == 0
 
 
 def test_claimer_record_validation(ring: ShmRing) -> None:
@@ -194,15 +198,16 @@ def test_publish_rings_keeps_unspecified_fields(ring: ShmRing) -> None:
         leader_since=50.0,
         tick=101.0,
     )
-    outcomes = prune_outcome_counts(["pruned", "empty", "open_claims", "cursor_behind", "busy", "current"])
-    assert outcomes == {"prune_pruned": 1, "prune_empty": 1, "prune_busy": 1, "prune_blocked": 2, "prune_current": 1}
+    outcomes = prune_outcome_counts(["pruned", "empty", "open_claims", "cursor_behind", "busy", "current", "retained"])
+    assert outcomes == {"prune_pruned": 1, "prune_empty": 1, "prune_busy": 1, "prune_blocked": 2, "prune_current": 1,
+                        "prune_retained": 1}
     ring.publish_rings({"ready": {**outcomes, "last_prune": 102.0}}, 111, leader_host="h" * 40, role="standby")
     s = ring.read_rings()
     ready = s.rings["ready"]
     assert (ready.current_slot, ready.generation, ready.slot_count, ready.last_rotate) == (3, 12, 16, 100.5)
     assert (ready.prune_blocked, ready.last_prune) == (2, 102.0)
     assert s.leader_since == 50.0 and s.role == "standby" and len(s.leader_host.encode()) <= 32
-    assert s.leader_host_hash == shm._host_hash("h" * 40) != shm._host_hash("host-a")
+    assert s.leader_host_hash == records.host_hash("h" * 40) != records.host_hash("host-a")
     with pytest.raises(ValueError, match="ring"):
         ring.publish_rings({"done": {}}, 1)
     with pytest.raises(ValueError, match="fields"):
@@ -220,7 +225,7 @@ def test_snapshot_is_json(ring: ShmRing) -> None:
 # -- histograms ----------------------------------------------------------------------
 def test_bucket_bounds_are_log_spaced_50us_to_60s() -> None:
     edges = bucket_bounds()
-    assert len(edges) == 39 and edges == shm._EDGES
+    assert len(edges) == 39 and edges == histogram.TIME_EDGES
     assert edges[0] == pytest.approx(50e-6) and edges[-1] == pytest.approx(60.0)
     ratios = {round(b / a, 9) for a, b in zip(edges, edges[1:])}
     assert len(ratios) == 1 and 1.44 < ratios.pop() < 1.45
@@ -379,7 +384,7 @@ def test_attachers_never_unlink_and_never_confuse_the_resource_tracker(tmp_path:
     """bpo-39959: attaching must not register the segment with a resource tracker."""
     script = tmp_path / "tracker.py"
     script.write_text(_TRACKER_SCRIPT)
-    env = {**os.environ, "PYTHONPATH": str(pathlib.Path(shm.__file__).parents[2])}
+    env = {**os.environ, "PYTHONPATH": str(pathlib.Path(shm.__file__).parents[3])}
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
@@ -424,7 +429,7 @@ def _wait_for_byte(fd: int) -> None:
 
 def _tagged_segment(name: str) -> pathlib.Path:
     """A real segment named ``name``, not registered with this process's resource tracker."""
-    ring = shm._untracked(name, lambda: ShmRing.create(name, [("q", 0)]))
+    ring = shm_segment._untracked(name, lambda: ShmRing.create(name, [("q", 0)]))
     ring.close()
     return DEV_SHM / name
 
@@ -436,8 +441,8 @@ def test_create_tags_the_segment_with_its_owner(ring: ShmRing) -> None:
     assert pid == os.getpid() and ring.name.startswith(f"awa_fast_{pid}_")
     stat_fields = pathlib.Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
     assert start == int(stat_fields[19])  # field 22: start time in clock ticks since boot
-    assert scope == shm._owner_scope() and len(scope) == 16
-    assert shm._owner_alive(pid, start) is True
+    assert scope == shm_segment._owner_scope() and len(scope) == 16
+    assert shm_segment._owner_alive(pid, start) is True
     assert shm.segment_owner(f"awa_fast_{pid}_0123abcd") is None  # untagged (old) names have no owner
     assert shm.segment_owner("awa_fast_test_dup_1") is None
 
@@ -532,9 +537,80 @@ def test_sweep_removes_only_segments_whose_owner_is_provably_dead() -> None:
 
 
 def test_owner_alive_is_unknown_rather_than_dead_when_unsure() -> None:
-    assert shm._owner_alive(os.getpid(), shm._proc_start_time(os.getpid())) is True  # type: ignore[arg-type]
-    assert shm._owner_alive(2**40, 1) is None  # not a pid this kernel can have
+    assert shm_segment._owner_alive(os.getpid(), shm_segment._proc_start_time(os.getpid())) is True  # type: ignore[arg-type]
+    assert shm_segment._owner_alive(2**40, 1) is None  # not a pid this kernel can have
     p = FORK.Process(target=os._exit, args=(0,))
     p.start()
     p.join(10)
-    assert p.pid is not None and shm._owner_alive(p.pid, 1) is False
+    assert p.pid is not None and shm_segment._owner_alive(p.pid, 1) is False
+
+
+# -- layout version 2: status records, maintenance totals -----------------------------
+def test_a_segment_of_layout_version_1_is_refused_naming_both_versions(ring: ShmRing) -> None:
+    data = bytearray(ring._buffer()[: shm.segment_size(3)])
+    struct.pack_into("<I", data, 8, 1)  # what a supervisor of the previous awa-fast wrote
+    seg = _raw_segment(bytes(data))
+    try:
+        with pytest.raises(ShmLayoutError, match=r"layout version 1, this awa-fast reads version 2.*another awa-fast"):
+            ShmRing.attach(seg.name)
+    finally:
+        seg.close()
+        seg.unlink()
+
+
+def test_publish_adds_counters_and_samples_and_sets_gauges(ring: ShmRing) -> None:
+    rec = ring.claimer(1)
+    rec.publish({"claimed": 4, "heartbeat_failures": 2, "batches": 1},
+                {"handler": [0.001, 0.003], "claim_seconds": [0.0005], "claim_jobs": [0, 1, 3, 4, 5, 10_000],
+                 "flush_jobs": [4]}, in_flight=7, waiting=3)
+    rec.publish({"claimed": 1, "completed": 0}, {"handler": [], "flush_seconds": [0.02]}, in_flight=2)
+    r = rec.read()
+    assert (r["claimed"], r["heartbeat_failures"], r["batches_flushed"]) == (5, 2, 1)
+    assert (r["in_flight"], r["waiting"], r["abandoned"]) == (2, 3, 0)  # a gauge not given keeps its value
+    assert r["handler"]["count"] == 2 and r["handler"]["sum"] == pytest.approx(0.004)
+    assert r["handler"]["buckets"][bucket_index(0.001)] == 1 and r["handler"]["buckets"][bucket_index(0.003)] == 1
+    assert r["flush_seconds"]["count"] == 1 and r["claim_seconds"]["count"] == 1
+    # size buckets: le 0, 1, 2, 4, 8, ... 8192, then overflow
+    assert r["claim_jobs"]["buckets"] == [1, 1, 0, 2, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]  # 3 and 4 share (2, 4]
+    assert r["claim_jobs"]["sum"] == 10_013 and r["flush_jobs"]["buckets"][3] == 1
+    assert ring.claimer(0).read()["claimed"] == 0
+    for bad in ({"counts": {"nope": 1}}, {"samples": {"nope": [1.0]}}, {"nope": 1}):
+        with pytest.raises(ValueError, match="unknown"):
+            rec.publish(**bad)  # type: ignore[arg-type]
+
+
+def test_size_buckets() -> None:
+    from awa_fast.runtime.shm import SIZE_EDGES, size_bucket_index
+
+    assert SIZE_EDGES[:5] == (0.0, 1.0, 2.0, 4.0, 8.0) and SIZE_EDGES[-1] == 8192.0 and len(SIZE_EDGES) == 15
+    for n in (0, 1, 2, 3, 4, 5, 8, 9, 1024, 8192):
+        i = size_bucket_index(n)
+        assert n <= SIZE_EDGES[i] and (i == 0 or n > SIZE_EDGES[i - 1])
+    assert size_bucket_index(8193) == 15 == size_bucket_index(10**9) and size_bucket_index(-5) == 0
+    pct = histogram_percentiles([0, 0, 0, 10] + [0] * 12, (0.5,), edges=SIZE_EDGES)
+    assert pct["p50"] == pytest.approx(3.0)  # inside (2, 4]
+
+
+def test_maintenance_totals_continue_across_a_restarted_publisher(ring: ShmRing) -> None:
+    ring.publish_rings({"claim": {"total_pruned": 5, "prune_pruned": 5}}, 1,
+                       totals={"promoted": 10, "rescued_receipt": 2, "rescued_lease": 1})
+    ring.publish_rings({"claim": {"total_pruned": 7, "prune_pruned": 2}}, 1, totals={"promoted": 12})
+    snap = ring.read_rings()
+    assert snap.totals == {"promoted": 12, "rescued_receipt": 2, "rescued_lease": 1}
+    assert (snap.rings["claim"].total_pruned, snap.rings["claim"].prune_pruned) == (7, 2)
+    again = ShmRing.attach(ring.name)  # a new maintenance process starts its own totals from zero
+    try:
+        again.publish_rings({"claim": {"total_pruned": 1}, "lease": {"total_busy": 4}}, 2, totals={"promoted": 3})
+        snap = again.read_rings()
+    finally:
+        again.close()
+    assert snap.totals["promoted"] == 15 and snap.totals["rescued_receipt"] == 2
+    assert snap.rings["claim"].total_pruned == 8 and snap.rings["lease"].total_busy == 4
+    with pytest.raises(ValueError, match="totals"):
+        ring.publish_rings({}, 1, totals={"rotated": 1})
+
+
+def test_one_ring_order_for_maintenance_and_the_segment() -> None:
+    from awa_fast.runtime import maintenance
+
+    assert maintenance.RINGS is layout.RINGS == shm.RINGS == ("claim", "ready", "lease")
