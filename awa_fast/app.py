@@ -21,6 +21,7 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal, TypeVar, overload
 
+import msgspec
 import psycopg
 
 from awa_fast.admin import AdminMixin
@@ -33,7 +34,7 @@ from awa_fast.client import (
     validate_priority,
 )
 from awa_fast.errors import ConfigError, DatabaseUnavailable, OutOfRange
-from awa_fast.jobs import AttemptClosed, JobSpec
+from awa_fast.jobs import TIMEOUT_KEY, AttemptClosed, JobSpec
 from awa_fast.limits import KEEP
 from awa_fast.records import int_in
 from awa_fast.storage import connect, redact_dsn
@@ -90,6 +91,29 @@ def check_dsn(dsn: str) -> None:
 def resolve_schema(explicit: str | None = None) -> str:
     """The schema: explicit (``--schema``, ``App(schema=...)``), then ``AWA_FAST_SCHEMA``, then ``awa_fast``."""
     return explicit or os.environ.get("AWA_FAST_SCHEMA") or DEFAULT_SCHEMA
+
+
+def _validate_weight(value: object) -> int:
+    """A handler weight: an int from 1 to 4096 (the most concurrency a queue spec accepts)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"weight={value!r}: use an int from 1 to 4096 (worker slots one attempt takes)")
+    if not 1 <= value <= 4096:
+        raise OutOfRange("weight", value, "1", "4096")
+    return value
+
+
+def _with_timeout(metadata: Any, timeout: float | None) -> Any:
+    """``metadata`` carrying a per-job timeout under :data:`TIMEOUT_KEY` (checked first; a new dict)."""
+    t = _validate_timeout(timeout)
+    if t is None:
+        return metadata
+    if metadata is None:
+        return {TIMEOUT_KEY: t}
+    plain = metadata if isinstance(metadata, dict) else msgspec.to_builtins(metadata)
+    if not isinstance(plain, dict):
+        raise ConfigError(f"timeout= needs metadata that is a mapping, got {type(metadata).__name__}: "
+                          "pass metadata as a dict (the timeout is stored in it)")
+    return {**plain, TIMEOUT_KEY: t}
 
 
 def _validate_timeout(value: object) -> float | None:
@@ -258,7 +282,8 @@ class App(AdminMixin, Client):
 
     def job(self, kind: str, *, queue: str | None = None, priority: int = PRIORITY_DEFAULT,
             max_attempts: int = 25, args_type: type | None = None,
-            unique: Unique | bool | None = None, timeout: float | None = None) -> Callable[[F], F]:
+            unique: Unique | bool | None = None, timeout: float | None = None,
+            weight: int = 1) -> Callable[[F], F]:
         """Register ``def handler(job)`` or ``async def handler(job)`` for ``kind``.
 
         ``queue`` defaults to the app's ``default_queue`` (else ``default``).
@@ -267,10 +292,12 @@ class App(AdminMixin, Client):
         ``unique=awa_fast.Unique(...)`` makes every enqueue of the kind unique by default.
         ``timeout`` (seconds, finite, > 0, at most 10 years; None: none) bounds one attempt,
         counted from the handler's start: when it passes the attempt closes as a retry
-        ("timed out after N s"), see ``docs/handlers.md``.
+        ("timed out after N s"), see ``docs/handlers.md``; ``enqueue(..., timeout=)`` overrides it per job.
+        ``weight`` (1 to 4096): how many of a claimer's ``concurrency`` slots one running attempt takes.
         """
         validate_name("kind", kind)
         timeout = _validate_timeout(timeout)
+        weight = _validate_weight(weight)
         q = validate_name("queue", queue if queue is not None else self.default_queue)
         validate_priority(priority)
         validate_max_attempts(max_attempts)
@@ -280,7 +307,7 @@ class App(AdminMixin, Client):
             if kind in self.registry:
                 raise ConfigError(f"kind {kind!r} is registered twice; each kind has one handler")
             self.registry[kind] = JobSpec(kind, fn, q, priority, max_attempts,
-                                          inspect.iscoroutinefunction(fn), args_type, timeout)
+                                          inspect.iscoroutinefunction(fn), args_type, timeout, weight)
             return fn
 
         return register
@@ -323,14 +350,16 @@ class App(AdminMixin, Client):
     def enqueue(self, kind: str, args: Any = None, *, queue: str | None = None, priority: int | None = None,
                 max_attempts: int | None = None, metadata: Any = None, run_at: Any = None,
                 delay: float | None = None, conn: psycopg.Connection | None = None,
-                unique: Unique | bool | None = None) -> int:
+                unique: Unique | bool | None = None, timeout: float | None = None) -> int:
         """Enqueue one job (defaults from the kind's registration); returns its id.
 
         ``args`` may be a dict, a ``msgspec.Struct``, a dataclass (datetime,
         UUID and Decimal fields encode as JSON strings); ``run_at`` (aware
-        datetime) or ``delay`` (seconds) schedules it.
+        datetime) or ``delay`` (seconds) schedules it. ``timeout`` (seconds) bounds each
+        attempt of this job, overriding the kind's ``timeout=``.
         """
         queue, priority, max_attempts = self._defaults(kind, queue, priority, max_attempts)
+        metadata = _with_timeout(metadata, timeout)
         return super().enqueue(kind, args, queue=queue, priority=priority, max_attempts=max_attempts,
                                metadata=metadata, run_at=run_at, delay=delay, conn=conn,
                                unique=self._unique_for(kind, unique))
@@ -338,9 +367,11 @@ class App(AdminMixin, Client):
     async def enqueue_async(self, kind: str, args: Any = None, *, conn: psycopg.AsyncConnection | None = None,
                             queue: str | None = None, priority: int | None = None,
                             max_attempts: int | None = None, metadata: Any = None, run_at: Any = None,
-                            delay: float | None = None, unique: Unique | bool | None = None) -> int:
+                            delay: float | None = None, unique: Unique | bool | None = None,
+                            timeout: float | None = None) -> int:
         """Async twin of :meth:`enqueue`."""
         queue, priority, max_attempts = self._defaults(kind, queue, priority, max_attempts)
+        metadata = _with_timeout(metadata, timeout)
         async with self._aconn_scope(conn) as c:
             return await super().enqueue_async(kind, args, conn=c, queue=queue, priority=priority,
                                                max_attempts=max_attempts, metadata=metadata, run_at=run_at,
@@ -350,25 +381,27 @@ class App(AdminMixin, Client):
     def enqueue_many(self, kind: str, args_list: Any, *, queue: str | None = ..., priority: int | None = ...,
                      max_attempts: int | None = ..., metadata: Any = ..., conn: psycopg.Connection | None = ...,
                      chunk: int = ..., progress: Any = ..., return_ids: Literal[False] = ...,
-                     unique: Unique | bool | None = ...) -> int: ...
+                     unique: Unique | bool | None = ..., timeout: float | None = ...) -> int: ...
 
     @overload
     def enqueue_many(self, kind: str, args_list: Any, *, queue: str | None = ..., priority: int | None = ...,
                      max_attempts: int | None = ..., metadata: Any = ..., conn: psycopg.Connection | None = ...,
                      chunk: int = ..., progress: Any = ..., return_ids: Literal[True],
-                     unique: Unique | bool | None = ...) -> list[int]: ...
+                     unique: Unique | bool | None = ..., timeout: float | None = ...) -> list[int]: ...
 
     def enqueue_many(self, kind: str, args_list: Any, *, queue: str | None = None, priority: int | None = None,
                      max_attempts: int | None = None, metadata: Any = None,
                      conn: psycopg.Connection | None = None, chunk: int = 50_000, progress: Any = None,
-                     return_ids: bool = False, unique: Unique | bool | None = None) -> int | list[int]:
+                     return_ids: bool = False, unique: Unique | bool | None = None,
+                     timeout: float | None = None) -> int | list[int]:
         """Bulk-enqueue by binary COPY (defaults from the kind's registration).
 
         Returns how many, or their ids in order with ``return_ids=True``. With
         ``unique=`` (or the kind's default) duplicates are skipped and the result
-        is a :class:`awa_fast.unique.UniqueManyResult`.
+        is a :class:`awa_fast.unique.UniqueManyResult`. ``timeout`` applies to every job.
         """
         queue, priority, max_attempts = self._defaults(kind, queue, priority, max_attempts)
+        metadata = _with_timeout(metadata, timeout)
         return super().enqueue_many(kind, args_list, queue=queue, priority=priority, max_attempts=max_attempts,
                                     metadata=metadata, conn=conn, chunk=chunk, progress=progress,
                                     return_ids=return_ids, unique=self._unique_for(kind, unique))
@@ -377,9 +410,10 @@ class App(AdminMixin, Client):
                                  queue: str | None = None, priority: int | None = None,
                                  max_attempts: int | None = None, metadata: Any = None, chunk: int = 50_000,
                                  progress: Any = None, return_ids: bool = False,
-                                 unique: Unique | bool | None = None) -> Any:
+                                 unique: Unique | bool | None = None, timeout: float | None = None) -> Any:
         """Async twin of :meth:`enqueue_many`."""
         queue, priority, max_attempts = self._defaults(kind, queue, priority, max_attempts)
+        metadata = _with_timeout(metadata, timeout)
         async with self._aconn_scope(conn) as c:
             return await super().enqueue_many_async(kind, args_list, conn=c, queue=queue, priority=priority,
                                                     max_attempts=max_attempts, metadata=metadata, chunk=chunk,

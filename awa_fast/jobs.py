@@ -312,3 +312,24 @@ class JobSpec:
     # seconds one attempt may run, from the handler's start; None: no timeout (the claimer
     # then pays nothing for it: only attempts of kinds with a timeout are watched)
     timeout: float | None = None
+    # worker slots one running attempt of this kind takes out of the claimer's concurrency
+    weight: int = 1
+
+
+#: The metadata key of a per-job timeout (``app.enqueue(..., timeout=)``). Metadata keys that
+#: start with ``awa_fast.`` are reserved for awa-fast (docs/handlers.md).
+TIMEOUT_KEY = "awa_fast.timeout"
+_TIMEOUT_KEY_JSON = b'"awa_fast.timeout"'
+
+
+def attempt_timeout(job: Job, spec: JobSpec) -> float | None:
+    """The timeout of ``job``'s attempt: its own (set at enqueue), else its kind's.
+
+    A job without metadata is never decoded for it.
+    """
+    raw = job.snapshot.metadata
+    if raw is not None and _TIMEOUT_KEY_JSON in raw:
+        value = job.metadata.get(TIMEOUT_KEY)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            return float(value)
+    return spec.timeout

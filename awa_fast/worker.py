@@ -95,6 +95,7 @@ class WorkerSummary:
     empty: bool
     clean: bool
     seconds: float
+    claim_calls: int = 0  # claim function calls made (a deep backlog takes few, large claims)
 
 
 def queue_specs(app: App, queues: QueuesArg) -> tuple[QueueSpec, ...]:
@@ -167,7 +168,8 @@ class Worker:
             for stripe in range(q.stripes):
                 ccfg = ClaimerConfig(cfg.dsn, cfg.schema, q.name, stripe, q.stripes, q.concurrency, q.claim_batch,
                                      cfg.poll_interval, heartbeat_interval=cfg.heartbeat_interval,
-                                     drain_timeout=cfg.drain_timeout, listen=cfg.listen, io_timeout=cfg.io_timeout)
+                                     drain_timeout=cfg.drain_timeout, listen=cfg.listen, io_timeout=cfg.io_timeout,
+                                     adaptive_batch=q.adaptive_batch)
                 index = len(self.claimers)
                 self.claimers.append(Claimer(ccfg, self.app.registry, None, listeners,
                                              on_short_claim=functools.partial(self._on_short_claim, index),
@@ -241,8 +243,10 @@ class Worker:
             for k in total:
                 total[k] += c.stats.get(k, 0)
         clean = all(code == 0 for code in self._codes.values())
+        calls = sum(c.stats.get("claim_calls", 0) for c in self.claimers)
         return WorkerSummary(**total, empty=self._empty, clean=clean,
-                             seconds=time.monotonic() - self._started if self._started else 0.0)
+                             seconds=time.monotonic() - self._started if self._started else 0.0,
+                             claim_calls=calls)
 
     # -- threads ------------------------------------------------------------------------
 

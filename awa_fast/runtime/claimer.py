@@ -44,7 +44,7 @@ from awa_fast.runtime.listener import Listener, ListenerConfig
 from awa_fast.runtime.watchdog import IoGuard, Watchdog, WatchdogConfig
 from awa_fast.storage import CLOSE_CANCEL, CLOSE_FAIL, CLOSE_RETRY, CLOSE_SNOOZE, Storage, close_quietly, connect, use_raw_jsonb
 
-__all__ = ["Claimer", "ClaimerConfig", "claimer_main", "die_with_parent", "error_text", "failure_text",
+__all__ = ["LOCAL_WORK_S", "Claimer", "ClaimerConfig", "next_claim_size", "claimer_main", "die_with_parent", "error_text", "failure_text",
            "next_busy_pause", "timeout_text"]
 
 log = logging.getLogger("awa_fast.claimer")
@@ -81,6 +81,34 @@ def next_busy_pause(pause: float) -> float:
     return min(pause * 2.0, _BUSY_PAUSE_MAX)
 
 
+#: Work an adaptive claimer may hold locally beyond its running handlers, in seconds of
+#: handler time at the measured rate: enough to keep fast handlers fed between claims,
+#: too little for slow ones to hoard jobs another claimer could run.
+LOCAL_WORK_S = 0.1
+
+
+def next_claim_size(size: int, got: int, asked: int, floor: int, ceiling: int,
+                    avg_handler_s: float | None, concurrency: int, starving: bool = False) -> int:
+    """The next claim size of an adaptive claimer, from what the last claim returned.
+
+    A full claim (``got == asked``) doubles it, up to ``ceiling`` and to the jobs
+    ``concurrency`` handlers finish in :data:`LOCAL_WORK_S` at the measured
+    handler time; with no measure yet (async handlers) it grows only when the
+    handlers were ``starving`` (fewer jobs held than ``concurrency`` when the
+    claim was made). A claim that came back less than half full halves it, down
+    to ``floor``. An idle queue so claims what its NOTIFYs bring at the floor
+    size, and a deep backlog of fast handlers reaches ``ceiling`` in a few claims.
+    """
+    if got >= asked > 0:
+        if avg_handler_s is None:
+            return min(size * 2, ceiling) if starving else size
+        cap = max(floor, int(concurrency * LOCAL_WORK_S / max(avg_handler_s, 1e-9)))
+        return max(floor, min(size * 2, ceiling, cap))
+    if got * 2 < asked:
+        return max(floor, size // 2)
+    return size
+
+
 @dataclass(frozen=True, slots=True)
 class ClaimerConfig:
     """Settings of one claimer (one stripe of one queue)."""
@@ -102,6 +130,9 @@ class ClaimerConfig:
     # turns the hang into an error the loops already recover from.
     io_timeout: float = 10.0  # the LISTEN connection is pinged every io_timeout / 2
     max_progress_bytes: int = MAX_PROGRESS_BYTES  # encoded size limit of one job.set_progress() value
+    # True: claim_batch is a ceiling; claims start at max(16, concurrency) and grow while they
+    # come back full (see next_claim_size). False: every claim asks for up to claim_batch.
+    adaptive_batch: bool = False
 
 
 
@@ -194,8 +225,8 @@ class Claimer:
         if self.listener is not None:
             self.listener.start()
         self._set_state("running")
-        log.info("claimer %s#%d running (concurrency %d, batch %d)", cfg.queue, cfg.stripe, cfg.concurrency,
-                 cfg.claim_batch, extra={"action": "claimer_start"})
+        log.info("claimer %s#%d running (concurrency %d, batch %s%d)", cfg.queue, cfg.stripe, cfg.concurrency,
+                 "adaptive up to " if cfg.adaptive_batch else "", cfg.claim_batch, extra={"action": "claimer_start"})
         try:
             self._claim_loop()
         finally:
@@ -243,18 +274,20 @@ class Claimer:
     def _claim_loop(self) -> None:
         cfg = self.config
         backoff = 0.05
-        # Running handlers plus up to one claim batch buffered locally.
-        target = cfg.concurrency + cfg.claim_batch
+        floor = min(cfg.claim_batch, max(16, cfg.concurrency))
+        size = floor if cfg.adaptive_batch else cfg.claim_batch  # the most the next claim asks for
         busy_pause = _BUSY_PAUSE_FIRST
         while not self._stopping.is_set():
             self._wake.clear()
-            free = target - self._outstanding
-            if free >= min(cfg.claim_batch, 32) or (free > 0 and self._outstanding < cfg.concurrency):
+            # Running handlers plus up to one claim buffered locally.
+            free = cfg.concurrency + size - self._outstanding
+            if free >= min(size, 32) or (free > 0 and self._outstanding < cfg.concurrency):
                 try:
                     conn = self._claim_connection()
                     if time.monotonic() - self._clock_measured > 300.0:
                         self._measure_clock_offset()
-                    want = min(free, cfg.claim_batch)
+                    want = min(free, size)
+                    held_before = self._outstanding
                     self._backlog_maybe = True
                     self._claim_guard.begin(conn)
                     claim_t0 = time.monotonic()
@@ -273,6 +306,12 @@ class Claimer:
                     backoff = min(backoff * 2, 5.0)
                     continue
                 self._claim_observed(time.monotonic() - claim_t0, len(snaps))
+                if cfg.adaptive_batch and not (lane_busy and len(snaps) < want):
+                    # (a short claim that met another claimer on the lane head, or a producer
+                    # mid-reserve, says nothing about the backlog: keep the size)
+                    size = next_claim_size(size, len(snaps), want, floor, cfg.claim_batch,
+                                           self.executor.avg_handler_s, cfg.concurrency,
+                                           starving=held_before < cfg.concurrency)
                 if self._on_short_claim is not None and len(snaps) < want:
                     self._on_short_claim(lane_busy)
                 if len(snaps) < want and not lane_busy and len(snaps) < _SHORT_CLAIM_SLEEPS:

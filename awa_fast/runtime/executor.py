@@ -31,8 +31,8 @@ from typing import Any, Protocol
 
 import msgspec
 
-from awa_fast.errors import TerminalError
-from awa_fast.jobs import Cancel, Job, JobSpec, RetryAfter, Snooze, WaitForCallback
+from awa_fast.errors import ConfigError, TerminalError
+from awa_fast.jobs import Cancel, Job, JobSpec, RetryAfter, Snooze, WaitForCallback, attempt_timeout
 from awa_fast.runtime.attempts import AttemptTable, Key
 from awa_fast.runtime.batcher import RELEASE, STALE, CompletionBatcher, Outcome, result_outcome
 from awa_fast.storage import CLOSE_CANCEL, CLOSE_FAIL, CLOSE_RETRY, CLOSE_SNOOZE, clean_text
@@ -117,6 +117,48 @@ class ExecutorHooks(Protocol):
         """A thread the claimer cannot run without died."""
 
 
+def check_weights(registry: dict[str, JobSpec], concurrency: int) -> None:
+    """Refuse a kind whose ``weight`` exceeds the claimer's ``concurrency``: it could never start."""
+    for spec in registry.values():
+        if spec.weight > concurrency:
+            raise ConfigError(f"kind {spec.kind!r} has weight={spec.weight} but this claimer's concurrency is "
+                              f"{concurrency}: one attempt could never start; raise the queue's concurrency "
+                              f"(--queue {spec.queue}:concurrency={spec.weight}) or lower the weight")
+
+
+class WeightSlots:
+    """The sync worker slots of one claimer, taken ``weight`` at a time, first come first served.
+
+    An attempt of weight 4 takes 4 of ``concurrency`` slots. Waiters are served in arrival
+    order: a light job that arrives after a heavy one waits until the heavy one has its slots
+    (at most until enough running handlers end), so a heavy kind is never starved by a stream
+    of light ones, and a light one never waits behind more than the heavy jobs queued before it.
+    """
+
+    __slots__ = ("_free", "_cond", "_next", "_serving")
+
+    def __init__(self, concurrency: int) -> None:
+        self._free = concurrency
+        self._cond = threading.Condition()
+        self._next = 0  # ticket of the next arrival
+        self._serving = 0  # ticket allowed to take slots now
+
+    def acquire(self, weight: int) -> None:
+        with self._cond:
+            ticket = self._next
+            self._next += 1
+            while ticket != self._serving or self._free < weight:
+                self._cond.wait()
+            self._free -= weight
+            self._serving += 1
+            self._cond.notify_all()
+
+    def release(self, weight: int) -> None:
+        with self._cond:
+            self._free += weight
+            self._cond.notify_all()
+
+
 class Executor:
     """Runs the handlers of one claimer and turns what they return or raise into outcomes."""
 
@@ -135,6 +177,11 @@ class Executor:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self._async_slots: asyncio.Semaphore | None = None  # bounds async handlers to `concurrency`
+        self._async_weight_gate: asyncio.Lock | None = None
+        check_weights(registry, concurrency)
+        # Only a registry with a kind of weight > 1 counts slots for sync attempts: others pay nothing.
+        self._slots = (WeightSlots(concurrency) if any(s.weight > 1 and not s.is_async for s in registry.values())
+                       else None)
         self._avg_handler_s: float | None = None  # EWMA of sync handler time, sizes dispatch chunks
         self._unknown_logged: set[str] = set()
         # Sync attempts found stale while their handler still runs (a thread cannot be stopped).
@@ -262,6 +309,11 @@ class Executor:
             return spread
         return max(spread, min(n, int(0.002 / max(avg, 1e-7))))
 
+    @property
+    def avg_handler_s(self) -> float | None:
+        """The running average time of one sync handler call (None until measured; async: None)."""
+        return self._avg_handler_s
+
     def is_async(self, job: Job) -> bool:
         spec = self.registry.get(job.kind)
         return spec is not None and spec.is_async
@@ -306,9 +358,19 @@ class Executor:
         spec = self.registry.get(job.kind)
         if spec is None:
             return (CLOSE_RETRY, None, _unknown_kind_text(job.kind))
+        if self._slots is None:
+            return self._run_sync_attempt(job, spec)
+        self._slots.acquire(spec.weight)  # weighted kinds registered: every sync attempt takes its slots
+        try:
+            return self._run_sync_attempt(job, spec)
+        finally:
+            self._slots.release(spec.weight)
+
+    def _run_sync_attempt(self, job: Job, spec: JobSpec) -> Outcome | object:
         job.started_at = time.time()
-        if spec.timeout is not None:
-            self._arm_timeout(job, spec.timeout)
+        timeout = attempt_timeout(job, spec)
+        if timeout is not None:
+            self._arm_timeout(job, timeout)
         try:
             return self._outcome(job, spec.handler(job))
         except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt, ... retry like any failure
@@ -333,27 +395,43 @@ class Executor:
     def _spawn_async(self, jobs: list[Job]) -> None:
         if self._async_slots is None:
             self._async_slots = asyncio.Semaphore(self.concurrency)
+            self._async_weight_gate = asyncio.Lock()  # one weighted task gathers its slots at a time
         for job in jobs:
             job._task = asyncio.ensure_future(self._run_async(job))  # noqa: SLF001 - cancelled when stale
 
     async def _run_async(self, job: Job) -> None:
-        assert self._async_slots is not None
+        assert self._async_slots is not None and self._async_weight_gate is not None
         outcome: Outcome | object = _HAND_BACK
+        slots = self._async_slots
+        weight = self.registry[job.kind].weight
+        taken = 0
         try:
-            async with self._async_slots:
-                if self._stopping.is_set():
-                    return  # draining: hand back (no attempt consumed)
-                outcome = await self._run_async_handler(job)
+            if weight == 1:
+                await slots.acquire()
+                taken = 1
+            else:
+                # A weighted task gathers all its slots under the gate, so two of them never
+                # each hold part of what the other needs (no deadlock), in arrival order.
+                async with self._async_weight_gate:
+                    for _ in range(weight):
+                        await slots.acquire()
+                        taken += 1
+            if self._stopping.is_set():
+                return  # draining: hand back (no attempt consumed)
+            outcome = await self._run_async_handler(job)
         except BaseException as exc:  # noqa: BLE001 - cancelled while waiting for a slot
             outcome = self._interrupted(job, exc)
         finally:
+            for _ in range(taken):
+                slots.release()
             self._finish([(job, outcome)])
 
     async def _run_async_handler(self, job: Job) -> Outcome | object:
         spec = self.registry[job.kind]
         job.started_at = time.time()
-        if spec.timeout is not None:
-            self._arm_timeout(job, spec.timeout)
+        timeout = attempt_timeout(job, spec)
+        if timeout is not None:
+            self._arm_timeout(job, timeout)
         try:
             return self._outcome(job, await spec.handler(job))
         except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt, CancelledError, ...

@@ -39,12 +39,18 @@ EXIT_CLEAN, EXIT_UNCLEAN, EXIT_CONFIG, EXIT_DATABASE = 0, 1, 2, 3
 _SPEC_KEYS = {"stripes": (1, 64), "concurrency": (1, 4096), "batch": (1, 10000)}
 
 
+#: The largest claim an adaptive claimer grows to (a deep backlog of fast handlers).
+ADAPTIVE_BATCH_MAX = 1024
+
+
 @dataclass(frozen=True, slots=True)
 class QueueSpec:
     """How one queue is served: stripes (claimer processes), concurrency each, claim batch.
 
     ``batch`` is the most a claim takes and so the most jobs held locally
-    beyond the running ones; 0 means ``max(16, concurrency)``.
+    beyond the running ones. 0 (the default) sizes claims from the backlog:
+    from ``max(16, concurrency)`` up to :data:`ADAPTIVE_BATCH_MAX` while claims come back
+    full, bounded by ~100 ms of handler work (``docs/performance.md``).
     """
 
     name: str
@@ -54,7 +60,13 @@ class QueueSpec:
 
     @property
     def claim_batch(self) -> int:
-        return self.batch or max(16, self.concurrency)
+        """The most one claim takes: ``batch``, or the adaptive ceiling when it is 0."""
+        return self.batch or max(ADAPTIVE_BATCH_MAX, self.concurrency)
+
+    @property
+    def adaptive_batch(self) -> bool:
+        """True when no ``batch`` was given: claims are sized from the backlog."""
+        return self.batch == 0
 
 
 def parse_queue_spec(text: str) -> QueueSpec:
@@ -236,7 +248,7 @@ class Supervisor:
                 ccfg = ClaimerConfig(cfg.dsn, cfg.schema, q.name, stripe, q.stripes, q.concurrency, q.claim_batch,
                                      cfg.poll_interval, heartbeat_interval=cfg.heartbeat_interval,
                                      drain_timeout=cfg.drain_timeout, listen=cfg.listen,
-                                     io_timeout=cfg.io_timeout)
+                                     io_timeout=cfg.io_timeout, adaptive_batch=q.adaptive_batch)
                 self._children.append(_Child(f"claimer {q.name}#{stripe}", claimer_main,
                                              (cfg.app_ref, ccfg, shm_name, index)))
                 index += 1
