@@ -10,8 +10,6 @@ import contextlib
 import datetime as _dt
 import math
 import re
-import sys
-import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -22,6 +20,7 @@ import psycopg
 from awa_fast import _impl
 from awa_fast import unique as _unique
 from awa_fast.errors import InvalidName, OutOfRange, PayloadError
+from awa_fast.progress import ProgressBar
 from awa_fast.storage import RawJson, Storage, connect
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:\-]{0,99}")
@@ -290,24 +289,3 @@ def _range_ids(rng: Any, n: int) -> range:
     """Job ids of a COPY into one reserved lane range: ``(lane_id << 40) | lane_seq``."""
     base = (rng.lane_id << 40) | rng.first_seq
     return range(base, base + n)
-
-
-class ProgressBar:
-    """A minimal stderr progress bar (drawn only on a terminal); call it with the count done."""
-
-    def __init__(self, total: int, label: str = "") -> None:
-        self.total = max(total, 1)
-        self.label = label
-        self.started = time.perf_counter()
-        self.tty = sys.stderr.isatty()
-
-    def __call__(self, done: int) -> None:
-        if not self.tty:
-            return
-        width = 30
-        filled = int(width * done / self.total)
-        rate = done / max(time.perf_counter() - self.started, 1e-9)
-        sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} {rate:,.0f}/s")
-        if done >= self.total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()

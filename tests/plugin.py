@@ -26,10 +26,11 @@ from awa_fast.embedded import PostgresCluster, embedded_bindir, private_server, 
 from awa_fast.storage import Storage, use_raw_jsonb
 from awa_fast.storage.migrate import RingSizes, migrate
 
+# The shared fixture plugins (tests/fixtures/): waiting, connections and SQL on a test schema, the supervisor
+# handle. Waiting first: the others import it, and a plugin must be registered before it is imported.
+pytest_plugins = ["tests.fixtures.waiting", "tests.fixtures.database", "tests.fixtures.supervisor"]
+
 _HERE = pathlib.Path(__file__).parent
-# Test modules that exercise an accelerated function (payload checks, COPY
-# encoders, snapshot decoding): CI runs them under both implementations.
-_ACCELERATED_MODULES = ("test_codec", "test_storage_", "test_runtime", "test_client")
 
 
 def _bindir() -> pathlib.Path:
@@ -59,8 +60,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.integration)
         if "chaos" in path.parts:
             item.add_marker(pytest.mark.chaos)
-        if path.name.startswith(_ACCELERATED_MODULES):
-            item.add_marker(pytest.mark.accelerated)
         if "slow" in item.keywords and "slow" not in markexpr:
             item.add_marker(skip_slow)
 

@@ -224,7 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--stripes", type=int, default=2)
     sp.add_argument("--batch", type=int, default=1024)
     sp.add_argument("--producers", type=int, default=10)
-    sp.add_argument("--save", action="store_true", help="also write the JSON to perf/results/")
+    sp.add_argument("--save", nargs="?", const=True, default=None, metavar="PATH",
+                    help="also write the JSON: to PATH (a .json file or a directory), else to ./perf/results/")
     sp.add_argument("--reclaim-seconds", type=float, default=None, help="pinned-reader: reclaim wait after unpin")
     sp.add_argument("--payload-bytes", type=int, default=None, metavar="N",
                     help="drain, bulk-enqueue: pad each job's args to about N bytes of JSON")

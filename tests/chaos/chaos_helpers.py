@@ -15,8 +15,8 @@
 - :func:`check_invariants`: RELIABILITY.md "Invariants checked after every
   chaos run", with exact counts; returns the figures it measured.
 
-No sleeping where an event can be awaited: :func:`wait_for` polls the
-database (or a log) with a deadline.
+No sleeping where an event can be awaited: ``wait_for``
+(tests/fixtures/waiting.py) polls the database (or a log) with a deadline.
 """
 
 from __future__ import annotations
@@ -29,42 +29,29 @@ import re
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 
+from awa_fast.bench.procs import SupervisorProcess
 from awa_fast.client import Client
 from awa_fast.embedded import PostgresCluster, embedded_bindir, system_bindir
 from awa_fast.storage import Storage
 from awa_fast.storage.migrate import RingSizes, migrate
+from tests.fixtures.supervisor import group_gone
+from tests.fixtures.waiting import wait_for
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 APP_REF = "tests.chaos.chaos_app:app"
 QUEUE = "q"
 KIND = "chaos.work"
-
-# -- waiting ---------------------------------------------------------------------------
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.02) -> Any:
-    """Poll ``predicate`` until it returns something truthy (returned), else fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.1f}s waiting for {what}")
-        time.sleep(interval)
-
 
 # -- a dedicated cluster per test module ------------------------------------------------
 
@@ -391,53 +378,39 @@ _LOG_STALE = re.compile(r"(\d+) stale outcomes rejected")
 _LOG_REPLAYED = re.compile(r"replayed flush: (\d+) completions were already committed")
 
 
-class Supervise:
-    """``python -m awa_fast.cli supervise tests.chaos.chaos_app:app ...`` in its own session."""
+class Supervise(SupervisorProcess):
+    """``python -m awa_fast.cli supervise tests.chaos.chaos_app:app ...`` in its own session.
+
+    The bench's supervisor handle (:class:`awa_fast.bench.procs.SupervisorProcess`),
+    with the chaos intervals, the execution log of ``tests.chaos.chaos_app``
+    and the supervisor's log read back for its children and events.
+    """
 
     def __init__(self, dsn: str, schema: str, workdir: pathlib.Path, *, stripes: int = 2, concurrency: int = 16,
                  batch: int = 0, poll_interval: float = 1.0, maintenance: bool = True,
                  extra_env: dict[str, str] | None = None, launcher: list[str] | None = None,
                  extra_args: Iterable[str] = (), name: str = "sup") -> None:
-        self.dsn, self.schema, self.workdir, self.name = dsn, schema, workdir, name
+        self.workdir, self.name = workdir, name
         workdir.mkdir(parents=True, exist_ok=True)
-        self.log_path = workdir / f"{name}.log"
         self.exec_log = workdir / "exec.log"
         spec = f"{QUEUE}:stripes={stripes},concurrency={concurrency}" + (f",batch={batch}" if batch else "")
-        self.argv = [*(launcher or [sys.executable, "-m", "awa_fast.cli"]), "--log-level", "INFO", "supervise",
-                     APP_REF, "--schema", schema, "--dsn", dsn, "--queue", spec,
-                     "--heartbeat-interval", "0.5", "--rescue-interval", "0.5", "--election-interval", "0.5",
-                     "--poll-interval", str(poll_interval), "--drain-timeout", "10",
-                     "--home", str(workdir / "home"), *extra_args]
+        options = ["--heartbeat-interval", "0.5", "--rescue-interval", "0.5", "--election-interval", "0.5",
+                   "--poll-interval", str(poll_interval), "--drain-timeout", "10", *extra_args]
         if not maintenance:
-            self.argv.append("--no-maintenance")
-        self.env = {**os.environ, "CHAOS_EXEC_LOG": str(self.exec_log), "PYTHONUNBUFFERED": "1",
-                    **(extra_env or {})}
-        self.env.pop("AWA_FAST_DSN", None)
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.started_at = 0.0
-        self._log_offset = 0
+            options.append("--no-maintenance")
+        super().__init__(APP_REF, dsn, schema, queues=[spec], options=options, home=workdir / "home",
+                         log_level="INFO", launcher=launcher or [sys.executable, "-m", "awa_fast.cli"],
+                         env={"CHAOS_EXEC_LOG": str(self.exec_log), "PYTHONUNBUFFERED": "1", **(extra_env or {})},
+                         log_path=workdir / f"{name}.log", cwd=ROOT, own_session=True, dsn_in_argv=True)
 
     def start(self, wait: bool = True) -> Supervise:
-        self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in wait()/kill()
-        self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
-        self.started_at = time.monotonic()
+        super().start()
         if wait:
             self.wait_running()
         return self
 
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
     def log(self, since_start: bool = True) -> str:
-        try:
-            data = self.log_path.read_bytes()
-        except FileNotFoundError:
-            return ""
-        return data[self._log_offset:].decode("utf-8", "replace") if since_start else data.decode("utf-8", "replace")
+        return self.output(since_start=since_start)
 
     def children(self) -> dict[str, int]:
         """The newest pid of each child (``claimer q#0``, ``maintenance``) from the log."""
@@ -468,21 +441,13 @@ class Supervise:
             return len(pids) > 0 and all(re.search(rf"\[{p}\]: claimer \S+ running", text) for p in pids)
         wait_for(running, timeout, "the claimers to run")
 
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def signal_group(self, sig: int) -> None:
-        assert self.proc is not None
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, sig)
-
-    def kill_group(self) -> None:
+    def kill_group(self) -> None:  # type: ignore[override]
         """SIGKILL the whole process group (supervisor, claimers, maintenance)."""
         self.signal_group(signal.SIGKILL)
         if self.proc is not None:
             self.proc.wait(10)
         # children of a SIGKILLed supervisor are orphans in the same group: wait until gone
-        wait_for(lambda: not _group_alive(self.pid), 10, "the killed process group to exit")
+        wait_for(lambda: group_gone(self.pid), 10, "the killed process group to exit")
         self._close_log()
 
     def leaked_shm(self) -> list[str]:
@@ -503,39 +468,12 @@ class Supervise:
         """Graceful drain (SIGTERM); SIGKILL the group if it outlives ``timeout``. Returns the exit code."""
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.signal_group(signal.SIGKILL)
-                self.proc.wait(10)
+        code = super().stop(timeout)
         # a claimer stuck outside the supervisor's reach must not outlive the test
-        if _group_alive(self.pid):
+        if not group_gone(self.pid):
             self.signal_group(signal.SIGKILL)
-            wait_for(lambda: not _group_alive(self.pid), 10, "the process group to exit")
-        self._close_log()
-        return self.proc.returncode
-
-    def _close_log(self) -> None:
-        with contextlib.suppress(Exception):
-            self._log.close()
-
-
-def _group_alive(pgid: int) -> bool:
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        # fields after the comm: state ppid pgrp ...
-        if int(stat[2]) == pgid and stat[0] != b"Z":
-            return True
-    return False
+            wait_for(lambda: group_gone(self.pid), 10, "the process group to exit")
+        return code
 
 
 def process_state(pid: int) -> str | None:

@@ -57,8 +57,8 @@ from tests.chaos.chaos_helpers import (
     scalar,
     supervisors,
     terminal_count,
-    wait_for,
 )
+from tests.fixtures.waiting import wait_for
 
 SHIM_SRC = pathlib.Path(__file__).with_name("clock_shift.c")
 SHIFT_ENV = "AWA_FAST_CLOCK_SHIFT_S"

@@ -17,7 +17,8 @@ import os
 import signal
 import time
 
-from tests.chaos.chaos_helpers import APP_REF, Supervise, leader_backend, q, record_figures, supervisors, wait_for
+from tests.chaos.chaos_helpers import APP_REF, Supervise, leader_backend, q, record_figures, supervisors
+from tests.fixtures.waiting import wait_for
 
 SCHEMA_PREFIX = "cron"
 CRON_APP = "tests.chaos.cron_app:app"

@@ -39,9 +39,9 @@ from tests.chaos.chaos_helpers import (
     record_figures,
     supervisors,
     terminal_count,
-    wait_for,
     wait_terminal,
 )
+from tests.fixtures.waiting import wait_for
 
 TMPFS_SIZE = "24m"
 

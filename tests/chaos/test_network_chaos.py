@@ -25,9 +25,9 @@ from tests.chaos.chaos_helpers import (
     record_figures,
     supervisors,
     terminal_count,
-    wait_for,
     wait_terminal,
 )
+from tests.fixtures.waiting import wait_for
 from tests.chaos.proxy import ChaosProxy
 
 SCHEMA_PREFIX = "net"  # schema names of this module (the conftest fixture `schema`)

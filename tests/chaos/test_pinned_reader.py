@@ -32,9 +32,9 @@ from tests.chaos.chaos_helpers import (
     scalar,
     start_cluster,
     supervisors,
-    wait_for,
     wait_terminal,
 )
+from tests.fixtures.waiting import wait_for
 
 RATE = 150.0
 READY_ROTATE_S = 2.0

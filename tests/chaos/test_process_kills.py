@@ -30,9 +30,9 @@ from tests.chaos.chaos_helpers import (
     scalar,
     supervisors,
     terminal_count,
-    wait_for,
     wait_terminal,
 )
+from tests.fixtures.waiting import wait_for
 
 SCHEMA_PREFIX = "kills"  # schema names of this module (the conftest fixture `schema`)
 

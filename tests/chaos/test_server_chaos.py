@@ -35,9 +35,9 @@ from tests.chaos.chaos_helpers import (
     start_cluster,
     supervisors,
     terminal_count,
-    wait_for,
     wait_terminal,
 )
+from tests.fixtures.waiting import wait_for
 
 SCHEMA_PREFIX = "srv"  # schema names of this module (the conftest fixture `schema`)
 

@@ -2,14 +2,14 @@
 
 Everything here talks to the real PostgreSQL of the test session through the
 public storage layer, plus a few direct reads of the schema's tables to check
-what the engine wrote. Waiting is always on an observable event (pg_locks,
+what the engine wrote (``connect``, ``sqlx``, ``scalar`` and ``wait_for`` are
+the shared fixture plugins under tests/fixtures/). Waiting is always on an observable event (pg_locks,
 pg_stat_activity, a row) with a deadline, never a bare sleep.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import orjson
@@ -17,36 +17,11 @@ import psycopg
 
 from awa_fast.client import Client
 from awa_fast.jobs import ClaimSnapshot
-from awa_fast.storage import RawJson, Storage, use_raw_jsonb
-from awa_fast.storage.schema import render
+from awa_fast.storage import RawJson, Storage
+from tests.fixtures.database import scalar, sqlx
+from tests.fixtures.waiting import wait_for
 
 KIND = "test.job"
-
-
-def connect(dsn: str, schema: str, *, autocommit: bool = True, tag: str = "helper") -> psycopg.Connection:
-    """A connection tagged with the schema (the schema fixture terminates it at teardown)."""
-    c = psycopg.connect(dsn, autocommit=autocommit, application_name=f"awa_fast:test:{schema}:{tag}")
-    use_raw_jsonb(c)
-    return c
-
-
-def sqlx(conn: psycopg.Connection, schema: str, text: str, params: Any = None) -> psycopg.Cursor[Any]:
-    """Run SQL with ``__SCHEMA__`` rendered to the test schema."""
-    return conn.execute(render(text, schema), params)  # type: ignore[arg-type]
-
-
-def scalar(conn: psycopg.Connection, schema: str, text: str, params: Any = None) -> Any:
-    row = sqlx(conn, schema, text, params).fetchone()
-    return None if row is None else row[0]
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    """Poll ``predicate`` (a cheap catalog/table read) until true, else fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.005)
 
 
 def lock_waiters(observer: psycopg.Connection, pid: int) -> list[tuple[str, str]]:
@@ -58,8 +33,8 @@ def lock_waiters(observer: psycopg.Connection, pid: int) -> list[tuple[str, str]
 def wait_blocked(observer: psycopg.Connection, pid: int, locktype: str | None = None,
                  timeout: float = 10.0) -> None:
     """Wait until backend ``pid`` waits on a lock (of ``locktype``), as pg_locks shows it."""
-    wait_until(lambda: any(locktype is None or lt == locktype for lt, _ in lock_waiters(observer, pid)),
-               timeout, f"backend {pid} to wait on a {locktype or 'any'} lock")
+    wait_for(lambda: any(locktype is None or lt == locktype for lt, _ in lock_waiters(observer, pid)),
+             timeout, f"backend {pid} to wait on a {locktype or 'any'} lock")
 
 
 def is_waiting(observer: psycopg.Connection, pid: int) -> bool:

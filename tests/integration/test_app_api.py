@@ -29,7 +29,8 @@ import pytest
 import awa_fast
 from awa_fast import App, ConfigError, JobInfo, JobNotCompleted, OutOfRange, PayloadError, QueueSettings, UnknownJob
 from awa_fast.storage import CLOSE_FAIL, Storage
-from tests.integration.storage_helpers import connect, row_counts, sqlx
+from tests.fixtures.database import connect, sqlx
+from tests.integration.storage_helpers import row_counts
 
 pytestmark = pytest.mark.integration
 

@@ -17,15 +17,14 @@ import pytest
 
 from awa_fast.storage import CLOSE_FAIL
 from awa_fast.storage.schema import latest_version, render
+from tests.fixtures.database import connect, sqlx_all
+from tests.fixtures.supervisor import pid_alive
+from tests.fixtures.waiting import wait_for
 from tests.integration.runtime_helpers import (
     QUEUE,
     cli,
     cli_json,
-    connect,
     enqueue_one,
-    pid_alive,
-    sqlx,
-    wait_for,
 )
 
 pytestmark = pytest.mark.integration
@@ -68,7 +67,7 @@ def test_migrate_twice_second_changes_nothing(pg_dsn, fresh_schema):
     assert first.returncode == 0, first.stderr
     assert f"version 0 -> {latest_version()}" in first.stdout
     with psycopg.connect(pg_dsn, autocommit=True) as c:
-        before = sqlx(c, fresh_schema, "SELECT version, name, applied_at FROM __SCHEMA__.schema_migrations")
+        before = sqlx_all(c, fresh_schema, "SELECT version, name, applied_at FROM __SCHEMA__.schema_migrations")
         objects = _schema_objects(c)
     second = cli("migrate", "--dsn", pg_dsn, "--schema", fresh_schema)
     assert second.returncode == 0, second.stderr
@@ -77,7 +76,7 @@ def test_migrate_twice_second_changes_nothing(pg_dsn, fresh_schema):
     assert {k: third[k] for k in ("schema", "from_version", "to_version", "changed")} == {
         "schema": fresh_schema, "from_version": latest_version(), "to_version": latest_version(), "changed": False}
     with psycopg.connect(pg_dsn, autocommit=True) as c:
-        assert sqlx(c, fresh_schema, "SELECT version, name, applied_at FROM __SCHEMA__.schema_migrations") == before
+        assert sqlx_all(c, fresh_schema, "SELECT version, name, applied_at FROM __SCHEMA__.schema_migrations") == before
         assert _schema_objects(c) == objects
 
 
@@ -85,12 +84,13 @@ def test_migrate_refuses_a_schema_newer_than_the_package(pg_dsn, schema, conn):
     newer = latest_version() + 1
     conn.execute(render("INSERT INTO __SCHEMA__.schema_migrations (version, name) VALUES (%s, 'from_the_future')",
                         schema), (newer,))
-    before = sqlx(conn, schema, "SELECT version, name, applied_at FROM __SCHEMA__.schema_migrations ORDER BY 1")
+    before = sqlx_all(conn, schema, "SELECT version, name, applied_at FROM __SCHEMA__.schema_migrations ORDER BY 1")
     objects = _schema_objects(conn)
     res = cli("migrate", "--dsn", pg_dsn, "--schema", schema)
     line = _one_error_line(res)
     assert f"version {newer}" in line and "upgrade the awa-fast package" in line, line
-    assert sqlx(conn, schema, "SELECT version, name, applied_at FROM __SCHEMA__.schema_migrations ORDER BY 1") == before
+    assert sqlx_all(conn, schema,
+                    "SELECT version, name, applied_at FROM __SCHEMA__.schema_migrations ORDER BY 1") == before
     assert _schema_objects(conn) == objects
     # Every other command refuses it too, instead of running old SQL against it.
     for args in (["status"], ["queue", "list"], ["dlq", "list"]):
@@ -197,8 +197,8 @@ def test_job_show_cancel_retry_json(pg_dsn, schema, storage, conn):
     assert storage.job_load(conn, later)["state"] == "scheduled"
     res = _admin(pg_dsn, schema, "job", "retry", str(later), "--json")
     assert res.returncode == 0 and json.loads(res.stdout) == {"job_id": later, "result": "due now"}, res
-    assert sqlx(conn, schema, "SELECT run_at <= now() FROM __SCHEMA__.deferred_jobs WHERE job_id = %s",
-                (later,)) == [(True,)]
+    assert sqlx_all(conn, schema, "SELECT run_at <= now() FROM __SCHEMA__.deferred_jobs WHERE job_id = %s",
+                    (later,)) == [(True,)]
 
     # Errors: one line, non-zero.
     line = _one_error_line(_admin(pg_dsn, schema, "job", "retry", str(ready), "--json"), code=2)

@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 
 import psycopg
@@ -24,21 +23,13 @@ import awa_fast
 from awa_fast import embedded
 from awa_fast.embedded import PostgresCluster, privileges
 from awa_fast.errors import ConfigError, DatabaseUnavailable
+from tests.fixtures.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
 IS_ROOT = os.geteuid() == 0
 REPO_ROOT = pathlib.Path(awa_fast.__file__).resolve().parent.parent
 FAST = {"autovacuum": "off", "shared_buffers": "32MB"}
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    """Poll ``predicate`` until true (for events with nothing to block on)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {predicate}")
-        time.sleep(0.005)
 
 
 def select_one(dsn: str) -> int:
@@ -158,7 +149,7 @@ def test_kill_9_then_start_recovers(pg18_copy: PostgresCluster) -> None:
     pid = c.pid()
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
-    wait_until(lambda: c.pid() is None)
+    wait_for(lambda: c.pid() is None, 10.0, "the killed server to be seen as down")
     # postmaster.pid is still there (and the pid may be an unreaped zombie)
     assert (c.datadir / "postmaster.pid").exists()
     assert c.start() == dsn

@@ -19,7 +19,8 @@ import psycopg
 
 from awa_fast.app import App
 from awa_fast.testing import assert_enqueued, assert_not_enqueued
-from tests.integration.runtime_helpers import REPO_ROOT, counts, wait_for
+from tests.fixtures.waiting import wait_for
+from tests.integration.runtime_helpers import REPO_ROOT, counts
 
 EXAMPLES = REPO_ROOT / "examples"
 

@@ -25,7 +25,10 @@ from awa_fast.jobs import JobSpec
 from awa_fast.limits import KEEP, LimitWatch, Rate, parse_rate
 from awa_fast.runtime.claimer import Claimer, ClaimerConfig
 from awa_fast.storage import Storage
-from tests.integration.runtime_helpers import SupervisorProc, counts, done_rows_by_job, wait_for
+from tests.fixtures.database import sqlx_all
+from tests.fixtures.supervisor import SupervisorProc
+from tests.fixtures.waiting import wait_for
+from tests.integration.runtime_helpers import counts, done_rows_by_job
 
 pytestmark = pytest.mark.integration
 
@@ -36,20 +39,13 @@ APP = "tests.integration.flow_apps:app"
 @pytest.fixture
 def runs(pg_dsn, schema, conn, monkeypatch):  # noqa: ANN001, ANN201
     """The handlers' run table, and the environment that points flow_apps at it."""
-    sqlx_exec(conn, schema, "CREATE TABLE __SCHEMA__.flow_runs (id bigserial PRIMARY KEY, job_id bigint NOT NULL, "
-                            "run_lease int NOT NULL, pid int NOT NULL, started_at timestamptz NOT NULL, "
-                            "ended_at timestamptz)")
+    sqlx_all(conn, schema, "CREATE TABLE __SCHEMA__.flow_runs (id bigserial PRIMARY KEY, job_id bigint NOT NULL, "
+                           "run_lease int NOT NULL, pid int NOT NULL, started_at timestamptz NOT NULL, "
+                           "ended_at timestamptz)")
     monkeypatch.setenv("AWA_TEST_FLOW_DSN", pg_dsn)
     monkeypatch.setenv("AWA_TEST_FLOW_SCHEMA", schema)
     monkeypatch.setenv("AWA_TEST_FLOW_TABLE", f"{schema}.flow_runs")
     return f"{schema}.flow_runs"
-
-
-def sqlx_exec(conn, schema, text, params=None):  # noqa: ANN001, ANN201
-    from awa_fast.storage.schema import render
-
-    cur = conn.execute(render(text, schema), params)
-    return cur.fetchall() if cur.description else None
 
 
 def enqueue_work(pg_dsn: str, schema: str, n: int, ms: float) -> None:
@@ -91,8 +87,8 @@ def test_max_running_holds_across_three_supervisors(pg_dsn, schema, storage, con
     finally:
         for s in sups:
             s.close()
-    rows = sqlx_exec(conn, schema, "SELECT job_id, pid, extract(epoch FROM started_at)::float8, "
-                                   "extract(epoch FROM ended_at)::float8 FROM __SCHEMA__.flow_runs")
+    rows = sqlx_all(conn, schema, "SELECT job_id, pid, extract(epoch FROM started_at)::float8, "
+                                  "extract(epoch FROM ended_at)::float8 FROM __SCHEMA__.flow_runs")
     assert len(rows) == n and all(r[3] is not None for r in rows)
     assert len({r[0] for r in rows}) == n, "a job ran twice"
     overlap = max_overlap([(r[2], r[3]) for r in rows])
@@ -112,16 +108,16 @@ def test_rate_limit_holds_across_two_supervisors(pg_dsn, schema, storage, conn, 
     enqueue_work(pg_dsn, schema, n, 1)
     sups = _supervisors(pg_dsn, schema, tmp_path, 2, f"{Q}:stripes=2,concurrency=8")
     try:
-        first = wait_for(lambda: sqlx_exec(conn, schema, "SELECT min(extract(epoch FROM started_at))::float8 "
-                                                         "FROM __SCHEMA__.flow_runs")[0][0], 30, "a first start",
+        first = wait_for(lambda: sqlx_all(conn, schema, "SELECT min(extract(epoch FROM started_at))::float8 "
+                                                        "FROM __SCHEMA__.flow_runs")[0][0], 30, "a first start",
                          on_timeout=sups[0].tail)
-        wait_for(lambda: sqlx_exec(conn, schema, "SELECT extract(epoch FROM clock_timestamp())::float8")[0][0]
+        wait_for(lambda: sqlx_all(conn, schema, "SELECT extract(epoch FROM clock_timestamp())::float8")[0][0]
                  > first + seconds + 0.5, seconds + 10, "the measuring window", interval=0.2)
         status = storage.queue_limit_status(conn)[Q]
     finally:
         for s in sups:
             s.close()
-    starts = sorted(r[0] for r in sqlx_exec(
+    starts = sorted(r[0] for r in sqlx_all(
         conn, schema, "SELECT extract(epoch FROM started_at)::float8 FROM __SCHEMA__.flow_runs"))
     inside = [t for t in starts if t < first + seconds]
     observed = len(inside) / seconds
@@ -155,13 +151,13 @@ def test_claim_bookkeeping(pg_dsn, schema, storage, conn):
     assert len(got) == 2 and more, "the plain claim's 3 open attempts count"
     # full: nothing claimed, no receipt, the marker says "come back"; once the state has
     # seen the last claim's receipt (the first such call writes that), no write at all
-    before = sqlx_exec(conn, schema, "SELECT count(*) FROM __SCHEMA__.lease_claims")[0][0]
+    before = sqlx_all(conn, schema, "SELECT count(*) FROM __SCHEMA__.lease_claims")[0][0]
     assert _claim(storage, conn, 100) == ([], True)
-    xmin = sqlx_exec(conn, schema, "SELECT xmin::text FROM __SCHEMA__.queue_limit_state")[0][0]
+    xmin = sqlx_all(conn, schema, "SELECT xmin::text FROM __SCHEMA__.queue_limit_state")[0][0]
     for _ in range(3):
         assert _claim(storage, conn, 100) == ([], True)
-    assert sqlx_exec(conn, schema, "SELECT count(*) FROM __SCHEMA__.lease_claims")[0][0] == before
-    assert sqlx_exec(conn, schema, "SELECT xmin::text FROM __SCHEMA__.queue_limit_state")[0][0] == xmin
+    assert sqlx_all(conn, schema, "SELECT count(*) FROM __SCHEMA__.lease_claims")[0][0] == before
+    assert sqlx_all(conn, schema, "SELECT xmin::text FROM __SCHEMA__.queue_limit_state")[0][0] == xmin
     assert storage.queue_limit_status(conn)[Q]["running"] == 5
     # completion frees slots
     storage.receipt_complete_rows(conn, plain[:2])
@@ -199,13 +195,13 @@ def test_rate_bucket_charges_claimed_jobs_on_the_database_clock(pg_dsn, schema, 
     client.close()
     storage.queue_limits_set(conn, Q, max_rate=parse_rate("10/1s", burst=4))
     clock = "SELECT extract(epoch FROM clock_timestamp())::float8"
-    t0 = sqlx_exec(conn, schema, clock)[0][0]
+    t0 = sqlx_all(conn, schema, clock)[0][0]
     got, more = _claim(storage, conn, 100)
     assert len(got) == 4 and more  # the full bucket, then the marker
     assert len(_claim(storage, conn, 100)[0]) <= 1
     time.sleep(0.3)
     again = len(_claim(storage, conn, 100)[0])
-    elapsed = sqlx_exec(conn, schema, clock)[0][0] - t0
+    elapsed = sqlx_all(conn, schema, clock)[0][0] - t0
     assert again >= 2 and 4 + again <= 4 + 10 * elapsed + 1e-6, (again, elapsed)
     # max_running and rate together: the smaller allowance wins
     storage.queue_limits_set(conn, Q, max_running=8, max_rate=KEEP)

@@ -25,7 +25,9 @@ import pytest
 from awa_fast.app import App
 from awa_fast.client import Client
 from awa_fast.errors import OutOfRange
-from tests.integration.runtime_helpers import QUEUE, RunLog, SupervisorProc, done_rows_by_job, wait_for
+from tests.fixtures.supervisor import SupervisorProc
+from tests.fixtures.waiting import wait_for
+from tests.integration.runtime_helpers import QUEUE, RunLog, done_rows_by_job
 
 pytestmark = pytest.mark.integration
 

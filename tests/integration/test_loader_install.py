@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import psycopg
 import pytest
 
-from tests.integration.runtime_helpers import REPO_ROOT, cli, counts, enqueue_bulk, wait_for
+from tests.fixtures.waiting import wait_for
+from tests.integration.runtime_helpers import REPO_ROOT, cli, counts, enqueue_bulk
 
 pytestmark = pytest.mark.integration
 
@@ -140,7 +141,7 @@ def test_supervise_from_the_checkout_runs_the_installed_package(pg_dsn, schema, 
         enqueue_bulk(pg_dsn, schema, "rt.sync", ({"i": i} for i in range(20)))
         wait_for(lambda: sup.alive() and counts(storage, conn).get("completed", 0) == 20, 60, "20 completions",
                  on_timeout=sup.tail)
-        from tests.integration.runtime_helpers import proc_children
+        from tests.fixtures.supervisor import proc_children
 
         kids = proc_children(sup.proc.pid)
         assert kids and any(_mapped_from(p, installed.site) for p in kids), "claimers do not run the installed awa_fast"

@@ -9,7 +9,9 @@ from __future__ import annotations
 import pytest
 
 from awa_fast.runtime.shm import read_locators
-from tests.integration.runtime_helpers import QUEUE, SupervisorProc, cli, cli_json, wait_for
+from tests.fixtures.supervisor import SupervisorProc
+from tests.fixtures.waiting import wait_for
+from tests.integration.runtime_helpers import QUEUE, cli, cli_json
 
 pytestmark = pytest.mark.integration
 

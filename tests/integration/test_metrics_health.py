@@ -27,18 +27,10 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 from awa_fast.embedded import private_server  # noqa: E402
 from awa_fast.storage.migrate import RingSizes, migrate  # noqa: E402
-from tests.integration.runtime_helpers import (  # noqa: E402
-    QUEUE,
-    RunLog,
-    SupervisorProc,
-    cli,
-    connect,
-    counts,
-    enqueue_bulk,
-    enqueue_one,
-    pid_alive,
-    wait_for,
-)
+from tests.fixtures.database import connect  # noqa: E402
+from tests.fixtures.supervisor import SupervisorProc, pid_alive  # noqa: E402
+from tests.fixtures.waiting import wait_for  # noqa: E402
+from tests.integration.runtime_helpers import QUEUE, RunLog, cli, counts, enqueue_bulk, enqueue_one  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 DEFAULT_HEARTBEAT_TIMEOUT_S = 30.0

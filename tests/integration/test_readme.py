@@ -17,7 +17,7 @@ import sys
 import pytest
 
 from awa_fast.storage import Storage
-from tests.integration.storage_helpers import connect
+from tests.fixtures.database import connect
 
 pytestmark = pytest.mark.integration
 

@@ -29,16 +29,17 @@ import awa_fast
 from awa_fast.app import App
 from awa_fast.jobs import ClaimSnapshot, Job
 from awa_fast.storage import CLOSE_RETRY, CLOSE_SNOOZE
+from tests.fixtures.database import sqlx
+from tests.fixtures.supervisor import SupervisorProc
+from tests.fixtures.waiting import wait_for
 from tests.integration import storage_helpers as sh
 from tests.integration.runtime_apps import record
 from tests.integration.runtime_helpers import (
     QUEUE,
     RunLog,
-    SupervisorProc,
     counts,
     enqueue_bulk,
     enqueue_one,
-    wait_for,
 )
 
 pytestmark = pytest.mark.integration
@@ -226,7 +227,7 @@ def test_progress_survives_rescue(schema, storage, conn):
     storage.queue_configure(conn, "pr", heartbeat_timeout=0.05)
     [a1] = sh.claim(storage, conn, "pr")
     storage.attempt_heartbeat(conn, [a1], [sh.raw({"rows": 1000})])
-    sh.wait_until(lambda: storage.receipt_rescue_stale(conn) == 1, 10, "the silent attempt to be rescued")
+    wait_for(lambda: storage.receipt_rescue_stale(conn) == 1, 10, "the silent attempt to be rescued")
     [a2] = sh.claim(storage, conn, "pr")
     assert a2.job_id == job and a2.run_lease == 2 and sh.jloads(a2.progress) == {"rows": 1000}
 
@@ -309,7 +310,7 @@ def test_results_and_plain_completions_in_the_same_receipts(pg_dsn, schema, stor
                  on_timeout=lambda: f"{counts(storage, conn)}\n{sup.tail()}")
         assert counts(storage, conn).get("running", 0) == 0
         assert sup.stop() == 0, sup.tail()
-    rows = dict(sh.sqlx(conn, schema, "SELECT job_id, result FROM __SCHEMA__.done_entries").fetchall())
+    rows = dict(sqlx(conn, schema, "SELECT job_id, result FROM __SCHEMA__.done_entries").fetchall())
     assert {j: sh.jloads(rows[j]) for j in with_result} == {j: {"n": i, "squared": i * i}
                                                             for i, j in enumerate(with_result)}
     assert all(rows[j] is None for j in plain)

@@ -35,14 +35,14 @@ from awa_fast.storage import RawJson
 from awa_fast.storage.migrate import migrate
 from awa_fast.storage.schema import migrations, render
 from tests.integration.runtime_apps_hardening import CANCEL_QUEUE
+from tests.fixtures.database import sqlx_all
+from tests.fixtures.supervisor import SupervisorProc
+from tests.fixtures.waiting import wait_for
 from tests.integration.runtime_helpers import (
     QUEUE,
     RunLog,
-    SupervisorProc,
     done_rows_by_job,
     enqueue_one,
-    sqlx,
-    wait_for,
 )
 
 pytestmark = pytest.mark.integration
@@ -253,7 +253,7 @@ def test_the_heartbeat_survives_bad_entries_and_drops_only_them(pg_dsn, schema, 
         with caplog.at_level(logging.ERROR, logger="awa_fast.heartbeat"):
             assert hb.run_once() == 3
             assert hb.run_once() == 3
-        rows = {j: (hb_at is not None, p) for j, hb_at, p in sqlx(
+        rows = {j: (hb_at is not None, p) for j, hb_at, p in sqlx_all(
             conn, schema, "SELECT job_id, heartbeat_at, progress FROM __SCHEMA__.attempt_state")}
         assert rows == {nul.id: (True, None), good.id: (True, b'{"step": 7}'),
                         unencodable.id: (True, None)}, rows
@@ -275,7 +275,7 @@ def test_an_attempt_that_ended_leaves_the_heartbeat_dirty_set(pg_dsn, schema, st
         attempts.closed([key])  # completed and flushed
         assert hb.run_once() == 0
         assert hb.run_once() == 0
-        assert sqlx(conn, schema, "SELECT count(*) FROM __SCHEMA__.attempt_state") == [(0,)]
+        assert sqlx_all(conn, schema, "SELECT count(*) FROM __SCHEMA__.attempt_state") == [(0,)]
     finally:
         _close(hb)
 
@@ -367,8 +367,8 @@ def test_queues_have_a_one_hour_deadline_by_default(schema, storage, conn):
     # A claim on a queue nobody configured gets a deadline one hour after its claim.
     Client(schema=schema).enqueue("k", {}, queue="auto", conn=conn)
     assert len(storage.lane_claim(conn, "auto", 1)) == 1
-    [(gap,)] = sqlx(conn, schema, "SELECT extract(epoch FROM deadline_at - claimed_at)::float8 "
-                                  "FROM __SCHEMA__.lease_claims")
+    [(gap,)] = sqlx_all(conn, schema, "SELECT extract(epoch FROM deadline_at - claimed_at)::float8 "
+                                      "FROM __SCHEMA__.lease_claims")
     assert gap == 3600.0
 
 
@@ -426,8 +426,8 @@ def test_an_unknown_kind_is_retried_with_backoff_until_a_worker_knows_it(pg_dsn,
             assert job["attempt"] == 1, job
             assert job["errors"][-1]["error"] == "no handler registered for kind 'hx.new_kind' in this worker"
         # backoff: attempt^4 + 15 s and more, measured by the database clock
-        [(wait_s,)] = sqlx(conn, schema, "SELECT min(extract(epoch FROM run_at - now()))::float8 "
-                                         "FROM __SCHEMA__.deferred_jobs")
+        [(wait_s,)] = sqlx_all(conn, schema, "SELECT min(extract(epoch FROM run_at - now()))::float8 "
+                                             "FROM __SCHEMA__.deferred_jobs")
         assert wait_s > 5.0, wait_s
         # No attempts left: only then the DLQ.
         job = _state(storage, conn, last_try, "dlq", old)

@@ -17,17 +17,15 @@ import time
 
 import pytest
 
+from tests.fixtures.supervisor import SupervisorProc, group_gone, pid_alive
+from tests.fixtures.waiting import wait_for
 from tests.integration.runtime_helpers import (
     QUEUE,
     RunLog,
-    SupervisorProc,
     counts,
     done_rows_by_job,
     enqueue_bulk,
-    group_gone,
-    pid_alive,
     rollups,
-    wait_for,
 )
 
 pytestmark = pytest.mark.integration

@@ -13,14 +13,14 @@ from __future__ import annotations
 import pytest
 
 from awa_fast.app import App
+from tests.fixtures.supervisor import SupervisorProc
+from tests.fixtures.waiting import wait_for
 from tests.integration.runtime_helpers import (
     QUEUE,
     RunLog,
-    SupervisorProc,
     counts,
     enqueue_bulk,
     enqueue_one,
-    wait_for,
 )
 
 pytestmark = pytest.mark.integration

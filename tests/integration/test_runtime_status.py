@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from tests.fixtures.supervisor import SupervisorProc
+from tests.fixtures.waiting import wait_for
 from tests.integration.runtime_helpers import (
     QUEUE,
-    SupervisorProc,
     cli,
     cli_json,
     counts,
     enqueue_bulk,
-    wait_for,
 )
 
 pytestmark = pytest.mark.integration

@@ -13,18 +13,17 @@ import time
 import psycopg
 import pytest
 
+from tests.fixtures.database import sqlx_all
+from tests.fixtures.supervisor import SupervisorProc, group_gone
+from tests.fixtures.waiting import wait_for
 from tests.integration.runtime_helpers import (
     QUEUE,
     RunLog,
-    SupervisorProc,
     counts,
     done_rows_by_job,
     enqueue_bulk,
     enqueue_one,
-    group_gone,
     rollups,
-    sqlx,
-    wait_for,
 )
 
 pytestmark = pytest.mark.integration
@@ -87,15 +86,15 @@ def test_completed_short_job_leaves_no_attempt_state_or_lease(pg_dsn, schema, st
         short = enqueue_one(pg_dsn, schema, "rt.sync", {"n": 1})
         # A longer job heartbeats (creating attempt_state); it must go when the attempt ends.
         long = enqueue_one(pg_dsn, schema, "rt.sleep", {"ms": 1500})
-        wait_for(lambda: sqlx(conn, schema, "SELECT 1 FROM __SCHEMA__.attempt_state WHERE job_id = %s", (long,)),
+        wait_for(lambda: sqlx_all(conn, schema, "SELECT 1 FROM __SCHEMA__.attempt_state WHERE job_id = %s", (long,)),
                  10, "the long job's first heartbeat (attempt_state row)", on_timeout=sup.tail)
         wait_for(lambda: counts(storage, conn).get("completed", 0) == 2, 20, "both jobs completed",
                  on_timeout=sup.tail)
         for job_id in (short, long):
             job = storage.job_load(conn, job_id)
             assert job is None or job["state"] == "completed", job  # None: history already pruned
-        assert sqlx(conn, schema, "SELECT job_id FROM __SCHEMA__.attempt_state") == []
-        assert sqlx(conn, schema, "SELECT job_id FROM __SCHEMA__.leases") == []
+        assert sqlx_all(conn, schema, "SELECT job_id FROM __SCHEMA__.attempt_state") == []
+        assert sqlx_all(conn, schema, "SELECT job_id FROM __SCHEMA__.leases") == []
         assert sup.stop() == 0, sup.tail()
 
 
@@ -247,7 +246,7 @@ def test_a_busy_lane_is_retried_every_few_ms_not_at_the_poll_interval(pg_dsn, sc
                  "the claimer's counters", on_timeout=sup.tail)
         before = sup.local_status()["claimers"][0]["claim_calls"]
         with psycopg.connect(pg_dsn) as holder:  # a transaction: the row locks last until rollback
-            sqlx(holder, schema, "SELECT 1 FROM __SCHEMA__.queue_claim_heads WHERE queue = %s FOR UPDATE", (QUEUE,))
+            sqlx_all(holder, schema, "SELECT 1 FROM __SCHEMA__.queue_claim_heads WHERE queue = %s FOR UPDATE", (QUEUE,))
             for i in range(5):
                 enqueue_one(pg_dsn, schema, "rt.sync", {"i": i})
             time.sleep(hold)  # the fault's length, not a wait for an event

@@ -14,14 +14,10 @@ from awa_fast.storage import compat
 from awa_fast.storage import migrate as migrate_mod
 from awa_fast.storage.migrate import migrate, schema_version
 from awa_fast.storage.schema import Migration, latest_version, migrations
-from tests.integration.runtime_helpers import (
-    QUEUE,
-    SupervisorProc,
-    counts,
-    enqueue_bulk,
-    sqlx,
-    wait_for,
-)
+from tests.fixtures.database import sqlx_all
+from tests.fixtures.supervisor import SupervisorProc
+from tests.fixtures.waiting import wait_for
+from tests.integration.runtime_helpers import QUEUE, counts, enqueue_bulk
 
 _ADDITIVE = """-- synthetic next release: a new table and a column with a default
 -- compatible-with-previous: {flag}
@@ -53,7 +49,7 @@ def test_every_shipped_migration_from_5_declares_its_compatibility():
 
 
 def test_the_migrator_records_each_flag(pg_dsn, schema, conn):
-    rows = sqlx(conn, schema, "SELECT version, compatible_with_previous FROM __SCHEMA__.schema_compat ORDER BY 1")
+    rows = sqlx_all(conn, schema, "SELECT version, compatible_with_previous FROM __SCHEMA__.schema_compat ORDER BY 1")
     assert rows == sorted(compat.flags(migrations()).items())
 
 

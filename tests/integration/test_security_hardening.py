@@ -32,7 +32,8 @@ from awa_fast.runtime.supervisor import QueueSpec, SupervisorConfig
 from awa_fast.storage import Storage, connect, use_raw_jsonb
 from awa_fast.storage.migrate import RingSizes, migrate
 from awa_fast.storage.schema import latest_version, migrations, render, validate_schema
-from tests.integration.runtime_helpers import SupervisorProc, cli, pid_alive
+from tests.fixtures.supervisor import SupervisorProc, pid_alive
+from tests.integration.runtime_helpers import cli
 
 pytestmark = pytest.mark.integration
 

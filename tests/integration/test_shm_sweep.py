@@ -17,7 +17,9 @@ import pytest
 
 from awa_fast.runtime import shm
 from awa_fast.runtime.shm import ShmRing
-from tests.integration.runtime_helpers import QUEUE, SupervisorProc, group_gone, wait_for
+from tests.fixtures.supervisor import SupervisorProc, group_gone
+from tests.fixtures.waiting import wait_for
+from tests.integration.runtime_helpers import QUEUE
 
 pytestmark = pytest.mark.integration
 

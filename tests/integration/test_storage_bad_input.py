@@ -26,7 +26,8 @@ from awa_fast.client import Client
 from awa_fast.errors import AwaFastError, InvalidName, OutOfRange, PayloadError
 from awa_fast.storage import Storage
 from awa_fast.storage.migrate import RingSizes, migrate
-from tests.integration.storage_helpers import connect, row_counts
+from tests.fixtures.database import connect
+from tests.integration.storage_helpers import row_counts
 
 HOSTILE = 'x"; drop table y; --'
 _queues = itertools.count()

@@ -15,15 +15,14 @@ import time
 from awa_fast.client import PRIORITY_DEFAULT, Client
 from awa_fast.jobs import ClaimSnapshot
 from awa_fast.storage import Storage
+from tests.fixtures.database import connect, sqlx
 from tests.integration.storage_helpers import (
     claim,
     claim_seq_value,
     complete,
-    connect,
     counts,
     enqueue,
     ring_current,
-    sqlx,
     warm_lanes,
 )
 

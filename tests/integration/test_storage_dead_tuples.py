@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 from awa_fast.client import Client
+from tests.fixtures.database import scalar
 from tests.integration.storage_helpers import (
     counts,
     dead_tuples_exact,
@@ -18,7 +19,6 @@ from tests.integration.storage_helpers import (
     ensure_pgstattuple,
     leaf_tables,
     rotate_and_prune,
-    scalar,
 )
 
 Q = "q"

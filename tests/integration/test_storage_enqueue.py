@@ -12,9 +12,9 @@ import psycopg
 import pytest
 
 from awa_fast.client import Client
+from tests.fixtures.database import connect
 from tests.integration.storage_helpers import (
     claim,
-    connect,
     counts,
     enqueue,
     lock_waiters,
@@ -291,18 +291,12 @@ def _finishes_without_waiting(conn: psycopg.Connection, p: psycopg.Connection, t
     return not t.is_alive()
 
 
-def test_two_open_producers_of_a_new_queue_do_not_serialize(pg_dsn, schema, storage, conn):
-    p1 = connect(pg_dsn, schema, autocommit=False, tag="p1")
-    p2 = connect(pg_dsn, schema, autocommit=False, tag="p2")
-    try:
-        enqueue(schema, p1, "fresh", {"who": 1})
-        t, out = _start(lambda: enqueue(schema, p2, "fresh", {"who": 2}))
-        ok = _finishes_without_waiting(conn, p2, t)
-        p1.rollback()
-        t.join(10)
-        assert ok, f"second producer waited: {out}"
-    finally:
-        p1.rollback()
-        p2.rollback()
-        p1.close()
-        p2.close()
+def test_two_open_producers_of_a_new_queue_do_not_serialize(schema, storage, conn, db_connect):
+    p1 = db_connect("p1", autocommit=False)  # closed (rolled back) by the fixture
+    p2 = db_connect("p2", autocommit=False)
+    enqueue(schema, p1, "fresh", {"who": 1})
+    t, out = _start(lambda: enqueue(schema, p2, "fresh", {"who": 2}))
+    ok = _finishes_without_waiting(conn, p2, t)
+    p1.rollback()
+    t.join(10)
+    assert ok, f"second producer waited: {out}"

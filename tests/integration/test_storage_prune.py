@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import time
 
+from tests.fixtures.database import connect, scalar, sqlx
 from tests.integration.storage_helpers import (
     claim,
     complete,
-    connect,
     counts,
     enqueue,
     load,
     rotate_and_prune,
-    scalar,
-    sqlx,
 )
 
 Q = "q"

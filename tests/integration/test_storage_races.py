@@ -18,7 +18,8 @@ import pytest
 from awa_fast.client import Client
 from awa_fast.jobs import ClaimSnapshot
 from awa_fast.storage import Storage
-from tests.integration.storage_helpers import claim, connect, counts, make_due, sqlx
+from tests.fixtures.database import connect, sqlx
+from tests.integration.storage_helpers import claim, counts, make_due
 
 Q = "q"
 

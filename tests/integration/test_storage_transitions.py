@@ -16,6 +16,7 @@ import uuid
 import pytest
 
 from awa_fast.storage import CLOSE_CANCEL, CLOSE_COMPLETE, CLOSE_FAIL, CLOSE_RETRY, CLOSE_SNOOZE, Storage
+from tests.fixtures.database import scalar, sqlx
 from tests.integration.storage_helpers import (
     KIND,
     claim,
@@ -29,8 +30,6 @@ from tests.integration.storage_helpers import (
     load,
     make_due,
     raw,
-    scalar,
-    sqlx,
 )
 
 Q = "q"

@@ -427,7 +427,8 @@ def test_unique_state_machine(pg_dsn):
 
 
 def test_the_runtime_runs_unique_jobs_and_its_leader_sweeps_their_keys(pg_dsn, schema, storage, conn, tmp_path):
-    from tests.integration.runtime_helpers import SupervisorProc, wait_for
+    from tests.fixtures.supervisor import SupervisorProc
+    from tests.fixtures.waiting import wait_for
 
     c = _client(pg_dsn, schema)
     r = c.enqueue_many("rt.sync", [{"n": i % 300} for i in range(400)], unique=Unique())

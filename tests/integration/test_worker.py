@@ -18,7 +18,8 @@ from awa_fast.app import App
 from awa_fast.runtime.maintenance import Maintenance, MaintenanceConfig
 from awa_fast.storage import Storage
 from awa_fast.worker import queue_specs
-from tests.integration.runtime_helpers import REPO_ROOT, counts, wait_for
+from tests.fixtures.waiting import wait_for
+from tests.integration.runtime_helpers import REPO_ROOT, counts
 from tests.integration.worker_apps import build
 
 
