@@ -27,8 +27,8 @@ from tests.chaos.chaos_helpers import (
     terminal_count,
     wait_terminal,
 )
-from tests.fixtures.waiting import wait_for
 from tests.chaos.proxy import ChaosProxy
+from tests.fixtures.waiting import wait_for
 
 SCHEMA_PREFIX = "net"  # schema names of this module (the conftest fixture `schema`)
 

@@ -34,10 +34,10 @@ from awa_fast.runtime.heartbeat import Heartbeat, HeartbeatConfig
 from awa_fast.storage import RawJson
 from awa_fast.storage.migrate import migrate
 from awa_fast.storage.schema import migrations, render
-from tests.integration.runtime_apps_hardening import CANCEL_QUEUE
 from tests.fixtures.database import sqlx_all
 from tests.fixtures.supervisor import SupervisorProc
 from tests.fixtures.waiting import wait_for
+from tests.integration.runtime_apps_hardening import CANCEL_QUEUE
 from tests.integration.runtime_helpers import (
     QUEUE,
     RunLog,
