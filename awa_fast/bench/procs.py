@@ -245,14 +245,15 @@ def bench_supervisor(dsn: str, schema: str, stripes: int, concurrency: int, batc
                      trace: str | None = None, metrics: str | None = None) -> SupervisorProcess:
     """The bench's supervisor: :data:`~awa_fast.bench.worker.APP_REF` on the bench queue (not started).
 
+    ``batch`` 0 leaves the claim size to the supervisor's default (sized from the backlog).
     ``trace``: the per-job trace file; ``metrics``: ``HOST:PORT`` where the
     supervisor serves Prometheus ``/metrics`` (``supervise --metrics``).
     """
     from awa_fast.bench.worker import APP_REF, QUEUE, TRACE_ENV
 
     env = {TRACE_ENV: trace} if trace else {}
-    sup = SupervisorProcess(APP_REF, dsn, schema, queues=[f"{QUEUE}:stripes={stripes},concurrency={concurrency},"
-                                                           f"batch={batch}"],
+    spec = f"{QUEUE}:stripes={stripes},concurrency={concurrency}" + (f",batch={batch}" if batch else "")
+    sup = SupervisorProcess(APP_REF, dsn, schema, queues=[spec],
                             options=["--metrics", metrics] if metrics else [], env=env)
     if not trace:
         sup.env.pop(TRACE_ENV, None)

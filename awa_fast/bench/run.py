@@ -112,9 +112,11 @@ def run_bench(args: argparse.Namespace, dsn: str) -> int:
     fn = SCENARIOS.get(scenario)
     if fn is None:
         raise ConfigError(f"unknown scenario {scenario!r}; use one of {', '.join(SCENARIOS)}")
-    for name in ("jobs", "producers", "stripes", "concurrency", "batch"):
+    for name in ("jobs", "producers", "stripes", "concurrency"):
         if int(getattr(args, name)) < 1:
             raise ConfigError(f"--{name} must be at least 1")
+    if int(args.batch) < 0:
+        raise ConfigError("--batch must be 0 (the supervisor's default: claims sized from the backlog) or more")
     if float(args.rate) <= 0 or float(args.seconds) <= 0:
         raise ConfigError("--rate and --seconds must be positive")
     payload_bytes = getattr(args, "payload_bytes", None)
