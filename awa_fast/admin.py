@@ -19,7 +19,7 @@ import psycopg
 
 from awa_fast.client import encode_payload, validate_name
 from awa_fast.errors import ConfigError, JobNotCompleted, OutOfRange, UnknownJob
-from awa_fast.limits import KEEP, Rate
+from awa_fast.limits import KEEP, Rate, check_key_max_running
 from awa_fast.records import JOB_STATES, DlqEntry, JobInfo, QueueSettings, flag, int_in, seconds
 
 if TYPE_CHECKING:
@@ -241,7 +241,7 @@ class AdminMixin:
                         dlq: bool | None = None, dlq_retention: float | None = None,
                         aging_interval: float | None = None, enqueue_shards: int | None = None,
                         history_retention: float | None = None, max_running: int | None = KEEP,
-                        max_rate: Rate | None = KEEP,
+                        max_rate: Rate | None = KEEP, key_max_running: int | None = KEEP,
                         conn: psycopg.Connection | None = None) -> QueueSettings:
         """Create or change a queue's settings; returns them as stored.
 
@@ -253,13 +253,19 @@ class AdminMixin:
         for the disk cost). ``max_running`` (jobs running at once over every
         worker) and ``max_rate`` (:class:`awa_fast.Rate`) are enforced in the
         claim, fleet-wide; None removes a limit (docs/flow-control.md).
+        ``key_max_running``: at most this many jobs of one ``concurrency_key`` run at once
+        (None removes it and lets the jobs waiting on a key run).
         """
         kw = self._settings_args(name, deadline, heartbeat_timeout, dlq, dlq_retention, aging_interval,
                                  enqueue_shards, history_retention)
+        if key_max_running is not KEEP:
+            check_key_max_running(key_max_running)
         with self._conn_scope(conn) as c, (c.transaction() if c.autocommit else contextlib.nullcontext()):
             self.storage.queue_configure(c, name, **kw)
             if max_running is not KEEP or max_rate is not KEEP:
                 self.storage.queue_limits_set(c, name, max_running=max_running, max_rate=max_rate)
+            if key_max_running is not KEEP:
+                self.storage.queue_key_limit_set(c, name, key_max_running)
             return QueueSettings.from_row(self.storage.queue_settings(c, name)[0])
 
     async def configure_queue_async(self, name: str, *, deadline: float | None = KEEP,
@@ -267,14 +273,19 @@ class AdminMixin:
                                     dlq_retention: float | None = None, aging_interval: float | None = None,
                                     enqueue_shards: int | None = None, history_retention: float | None = None,
                                     max_running: int | None = KEEP, max_rate: Rate | None = KEEP,
+                                    key_max_running: int | None = KEEP,
                                     conn: psycopg.AsyncConnection | None = None) -> QueueSettings:
         """Async twin of :meth:`configure_queue`."""
         kw = self._settings_args(name, deadline, heartbeat_timeout, dlq, dlq_retention, aging_interval,
                                  enqueue_shards, history_retention)
+        if key_max_running is not KEEP:
+            check_key_max_running(key_max_running)
         async with self._aconn_scope(conn) as c, (c.transaction() if c.autocommit else contextlib.nullcontext()):
             await self.storage.queue_configure_async(c, name, **kw)
             if max_running is not KEEP or max_rate is not KEEP:
                 await self.storage.queue_limits_set_async(c, name, max_running=max_running, max_rate=max_rate)
+            if key_max_running is not KEEP:
+                await self.storage.queue_key_limit_set_async(c, name, key_max_running)
             return QueueSettings.from_row((await self.storage.queue_settings_async(c, name))[0])
 
     @staticmethod

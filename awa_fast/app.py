@@ -18,7 +18,7 @@ import logging
 import math
 import os
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Literal, TypeVar, overload
 
 import msgspec
@@ -35,7 +35,7 @@ from awa_fast.client import (
 )
 from awa_fast.errors import ConfigError, DatabaseUnavailable, OutOfRange
 from awa_fast.jobs import TIMEOUT_KEY, AttemptClosed, JobSpec
-from awa_fast.limits import KEEP
+from awa_fast.limits import KEEP, check_concurrency_key
 from awa_fast.records import int_in
 from awa_fast.storage import connect, redact_dsn
 from awa_fast.unique import Unique
@@ -283,7 +283,8 @@ class App(AdminMixin, Client):
     def job(self, kind: str, *, queue: str | None = None, priority: int = PRIORITY_DEFAULT,
             max_attempts: int = 25, args_type: type | None = None,
             unique: Unique | bool | None = None, timeout: float | None = None,
-            weight: int = 1) -> Callable[[F], F]:
+            weight: int = 1,
+            concurrency_key: Callable[[Any], str | None] | str | None = None) -> Callable[[F], F]:
         """Register ``def handler(job)`` or ``async def handler(job)`` for ``kind``.
 
         ``queue`` defaults to the app's ``default_queue`` (else ``default``).
@@ -294,10 +295,15 @@ class App(AdminMixin, Client):
         counted from the handler's start: when it passes the attempt closes as a retry
         ("timed out after N s"), see ``docs/handlers.md``; ``enqueue(..., timeout=)`` overrides it per job.
         ``weight`` (1 to 4096): how many of a claimer's ``concurrency`` slots one running attempt takes.
+        ``concurrency_key`` (a str, or ``lambda args: ...`` called with the args at each enqueue):
+        the kind's default key; with the queue's ``key_max_running`` at most that many jobs of one
+        key run at once (docs/flow-control.md).
         """
         validate_name("kind", kind)
         timeout = _validate_timeout(timeout)
         weight = _validate_weight(weight)
+        if concurrency_key is not None and not callable(concurrency_key):
+            check_concurrency_key(concurrency_key)
         q = validate_name("queue", queue if queue is not None else self.default_queue)
         validate_priority(priority)
         validate_max_attempts(max_attempts)
@@ -308,6 +314,8 @@ class App(AdminMixin, Client):
                 raise ConfigError(f"kind {kind!r} is registered twice; each kind has one handler")
             self.registry[kind] = JobSpec(kind, fn, q, priority, max_attempts,
                                           inspect.iscoroutinefunction(fn), args_type, timeout, weight)
+            if concurrency_key is not None:
+                self.__dict__.setdefault("_key_defaults", {})[kind] = concurrency_key
             return fn
 
         return register
@@ -350,75 +358,110 @@ class App(AdminMixin, Client):
     def enqueue(self, kind: str, args: Any = None, *, queue: str | None = None, priority: int | None = None,
                 max_attempts: int | None = None, metadata: Any = None, run_at: Any = None,
                 delay: float | None = None, conn: psycopg.Connection | None = None,
-                unique: Unique | bool | None = None, timeout: float | None = None) -> int:
+                unique: Unique | bool | None = None, timeout: float | None = None,
+                concurrency_key: str | None = None) -> int:
         """Enqueue one job (defaults from the kind's registration); returns its id.
 
         ``args`` may be a dict, a ``msgspec.Struct``, a dataclass (datetime,
         UUID and Decimal fields encode as JSON strings); ``run_at`` (aware
         datetime) or ``delay`` (seconds) schedules it. ``timeout`` (seconds) bounds each
-        attempt of this job, overriding the kind's ``timeout=``.
+        attempt of this job, overriding the kind's ``timeout=``. ``concurrency_key``
+        (default: the kind's, see :meth:`job`) limits how many jobs of one key run
+        at once on a queue with ``key_max_running``.
         """
         queue, priority, max_attempts = self._defaults(kind, queue, priority, max_attempts)
         metadata = _with_timeout(metadata, timeout)
         return super().enqueue(kind, args, queue=queue, priority=priority, max_attempts=max_attempts,
                                metadata=metadata, run_at=run_at, delay=delay, conn=conn,
-                               unique=self._unique_for(kind, unique))
+                               unique=self._unique_for(kind, unique),
+                               concurrency_key=self._key_for(kind, args, concurrency_key))
 
     async def enqueue_async(self, kind: str, args: Any = None, *, conn: psycopg.AsyncConnection | None = None,
                             queue: str | None = None, priority: int | None = None,
                             max_attempts: int | None = None, metadata: Any = None, run_at: Any = None,
                             delay: float | None = None, unique: Unique | bool | None = None,
-                            timeout: float | None = None) -> int:
+                            timeout: float | None = None, concurrency_key: str | None = None) -> int:
         """Async twin of :meth:`enqueue`."""
         queue, priority, max_attempts = self._defaults(kind, queue, priority, max_attempts)
         metadata = _with_timeout(metadata, timeout)
+        key = self._key_for(kind, args, concurrency_key)
         async with self._aconn_scope(conn) as c:
             return await super().enqueue_async(kind, args, conn=c, queue=queue, priority=priority,
                                                max_attempts=max_attempts, metadata=metadata, run_at=run_at,
-                                               delay=delay, unique=self._unique_for(kind, unique))
+                                               delay=delay, unique=self._unique_for(kind, unique),
+                                               concurrency_key=key)
 
     @overload
     def enqueue_many(self, kind: str, args_list: Any, *, queue: str | None = ..., priority: int | None = ...,
                      max_attempts: int | None = ..., metadata: Any = ..., conn: psycopg.Connection | None = ...,
                      chunk: int = ..., progress: Any = ..., return_ids: Literal[False] = ...,
-                     unique: Unique | bool | None = ..., timeout: float | None = ...) -> int: ...
+                     unique: Unique | bool | None = ..., timeout: float | None = ...,
+                     concurrency_key: str | Sequence[str | None] | None = ...) -> int: ...
 
     @overload
     def enqueue_many(self, kind: str, args_list: Any, *, queue: str | None = ..., priority: int | None = ...,
                      max_attempts: int | None = ..., metadata: Any = ..., conn: psycopg.Connection | None = ...,
                      chunk: int = ..., progress: Any = ..., return_ids: Literal[True],
-                     unique: Unique | bool | None = ..., timeout: float | None = ...) -> list[int]: ...
+                     unique: Unique | bool | None = ..., timeout: float | None = ...,
+                     concurrency_key: str | Sequence[str | None] | None = ...) -> list[int]: ...
 
     def enqueue_many(self, kind: str, args_list: Any, *, queue: str | None = None, priority: int | None = None,
                      max_attempts: int | None = None, metadata: Any = None,
                      conn: psycopg.Connection | None = None, chunk: int = 50_000, progress: Any = None,
                      return_ids: bool = False, unique: Unique | bool | None = None,
-                     timeout: float | None = None) -> int | list[int]:
+                     timeout: float | None = None,
+                     concurrency_key: str | Sequence[str | None] | None = None) -> int | list[int]:
         """Bulk-enqueue by binary COPY (defaults from the kind's registration).
 
         Returns how many, or their ids in order with ``return_ids=True``. With
         ``unique=`` (or the kind's default) duplicates are skipped and the result
         is a :class:`awa_fast.unique.UniqueManyResult`. ``timeout`` applies to every job.
+        ``concurrency_key``: one str for all, or one key (or None) per job; default: the kind's, per job.
         """
         queue, priority, max_attempts = self._defaults(kind, queue, priority, max_attempts)
         metadata = _with_timeout(metadata, timeout)
+        args_list, keys = self._keys_for_many(kind, args_list, concurrency_key)
         return super().enqueue_many(kind, args_list, queue=queue, priority=priority, max_attempts=max_attempts,
                                     metadata=metadata, conn=conn, chunk=chunk, progress=progress,
-                                    return_ids=return_ids, unique=self._unique_for(kind, unique))
+                                    return_ids=return_ids, unique=self._unique_for(kind, unique),
+                                    concurrency_key=keys)
 
     async def enqueue_many_async(self, kind: str, args_list: Any, *, conn: psycopg.AsyncConnection | None = None,
                                  queue: str | None = None, priority: int | None = None,
                                  max_attempts: int | None = None, metadata: Any = None, chunk: int = 50_000,
                                  progress: Any = None, return_ids: bool = False,
-                                 unique: Unique | bool | None = None, timeout: float | None = None) -> Any:
+                                 unique: Unique | bool | None = None, timeout: float | None = None,
+                                 concurrency_key: str | Sequence[str | None] | None = None) -> Any:
         """Async twin of :meth:`enqueue_many`."""
         queue, priority, max_attempts = self._defaults(kind, queue, priority, max_attempts)
         metadata = _with_timeout(metadata, timeout)
+        args_list, keys = self._keys_for_many(kind, args_list, concurrency_key)
         async with self._aconn_scope(conn) as c:
             return await super().enqueue_many_async(kind, args_list, conn=c, queue=queue, priority=priority,
                                                     max_attempts=max_attempts, metadata=metadata, chunk=chunk,
                                                     progress=progress, return_ids=return_ids,
-                                                    unique=self._unique_for(kind, unique))
+                                                    unique=self._unique_for(kind, unique), concurrency_key=keys)
+
+    def _key_for(self, kind: str, args: Any, key: str | None) -> str | None:
+        # an explicit key wins; else the kind's (a str, or a callable of the args); no default: one dict probe
+        if key is not None:
+            return key
+        d = self.__dict__.get("_key_defaults")
+        default = d.get(kind) if d else None
+        if default is None:
+            return None
+        return _call_key(kind, default, args)
+
+    def _keys_for_many(self, kind: str, args_list: Any,
+                       key: str | Sequence[str | None] | None) -> tuple[Any, str | Sequence[str | None] | None]:
+        d = self.__dict__.get("_key_defaults")
+        default = d.get(kind) if d else None
+        if key is not None or default is None:
+            return args_list, key
+        if not callable(default):
+            return args_list, default
+        rows = list(args_list)
+        return rows, [_call_key(kind, default, a) for a in rows]
 
     # -- in-process worker --------------------------------------------------------------
     # Thin entry points; the worker lives in awa_fast/worker.py.
@@ -547,3 +590,14 @@ from typing import TYPE_CHECKING  # noqa: E402
 
 if TYPE_CHECKING:
     from awa_fast.worker import QueuesArg, WorkerSummary
+
+
+def _call_key(kind: str, default: Any, args: Any) -> str | None:
+    """The kind's default concurrency key for ``args`` (a str as it is, a callable called)."""
+    if not callable(default):
+        return default
+    try:
+        return default(args)
+    except Exception as exc:
+        raise ConfigError(f"the concurrency_key function of kind {kind!r} raised {type(exc).__name__}: {exc}; "
+                          "it is called with the job's args at enqueue and must return a str or None") from exc

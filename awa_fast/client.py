@@ -10,7 +10,7 @@ import contextlib
 import datetime as _dt
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgspec
@@ -19,7 +19,8 @@ import psycopg
 
 from awa_fast import _impl
 from awa_fast import unique as _unique
-from awa_fast.errors import InvalidName, OutOfRange, PayloadError
+from awa_fast.errors import ConfigError, InvalidName, OutOfRange, PayloadError
+from awa_fast.limits import check_concurrency_key
 from awa_fast.progress import ProgressBar
 from awa_fast.storage import RawJson, Storage, connect
 
@@ -123,6 +124,30 @@ def validate_chunk(chunk: object) -> int:
     return chunk
 
 
+def _no_unique_with_key(unique: object, keyed: bool) -> None:
+    if unique and keyed:
+        raise ConfigError("unique= and concurrency_key= cannot be combined yet: enqueue unique jobs without a "
+                          "key, or keyed jobs without unique=")
+
+
+def keys_for_rows(concurrency_key: str | Sequence[str | None] | None, n: int) -> list[str | None] | None:
+    """The per-row keys of a bulk enqueue: None (no keys), one str for every row, or one key (or None) per row.
+
+    Raises :class:`InvalidName` for a bad key and :class:`ConfigError` for a list of the wrong length.
+    """
+    if concurrency_key is None:
+        return None
+    if isinstance(concurrency_key, str):
+        return [check_concurrency_key(concurrency_key)] * n
+    if not isinstance(concurrency_key, Sequence):
+        check_concurrency_key(concurrency_key)  # raises: neither a str nor a sequence of keys
+    keys = [check_concurrency_key(k) for k in concurrency_key]
+    if len(keys) != n:
+        raise ConfigError(f"concurrency_key has {len(keys)} keys for {n} jobs: give one key per job "
+                          "(None for a job without one), or a single str for all")
+    return keys if any(k is not None for k in keys) else None
+
+
 class Client:
     """Enqueue jobs into one awa-fast schema.
 
@@ -178,14 +203,20 @@ class Client:
     def enqueue(self, kind: str, args: Any = None, *, queue: str | None = None, priority: int | None = None,
                 max_attempts: int | None = None, metadata: Any = None, run_at: _dt.datetime | None = None,
                 delay: float | None = None, conn: psycopg.Connection | None = None,
-                unique: _unique.Unique | bool | None = None) -> int:
+                unique: _unique.Unique | bool | None = None, concurrency_key: str | None = None) -> int:
         """Enqueue one job; returns its id. With ``conn`` it joins that connection's transaction.
 
         ``unique=awa_fast.Unique(...)`` raises :class:`awa_fast.UniqueConflict` when another job holds the key.
+        ``concurrency_key="customer:42"``: on a queue with ``key_max_running`` the job waits until
+        fewer than that many jobs of its key run (docs/flow-control.md); elsewhere it has no effect.
         """
+        key = check_concurrency_key(concurrency_key)
+        _no_unique_with_key(unique, key is not None)
         q, prio, kind, a, m, attempts, when, wait = self._prepare(
             kind, args, queue, priority, max_attempts, metadata, run_at, delay)
         with self._conn_scope(conn) as target:
+            if key is not None:
+                return self.storage.job_enqueue_keyed(target, q, prio, kind, a, m, attempts, when, wait, key)
             if unique:
                 return _unique.enqueue_one(self.storage, target, unique, q, prio, kind, a, m, attempts, when, wait)
             return self.storage.job_enqueue(target, q, prio, kind, a, m, attempts, when, wait)
@@ -194,10 +225,14 @@ class Client:
                             queue: str | None = None, priority: int | None = None,
                             max_attempts: int | None = None, metadata: Any = None,
                             run_at: _dt.datetime | None = None, delay: float | None = None,
-                            unique: _unique.Unique | bool | None = None) -> int:
-        """Enqueue one job on an async connection, inside its transaction."""
+                            unique: _unique.Unique | bool | None = None, concurrency_key: str | None = None) -> int:
+        """Enqueue one job on an async connection, inside its transaction (``concurrency_key`` as in :meth:`enqueue`)."""
+        key = check_concurrency_key(concurrency_key)
+        _no_unique_with_key(unique, key is not None)
         q, prio, kind, a, m, attempts, when, wait = self._prepare(
             kind, args, queue, priority, max_attempts, metadata, run_at, delay)
+        if key is not None:
+            return await self.storage.job_enqueue_keyed_async(conn, q, prio, kind, a, m, attempts, when, wait, key)
         if unique:
             return await _unique.enqueue_one_async(self.storage, conn, unique, q, prio, kind, a, m, attempts,
                                                    when, wait)
@@ -221,8 +256,13 @@ class Client:
                      priority: int | None = None, max_attempts: int | None = None, metadata: Any = None,
                      conn: psycopg.Connection | None = None, chunk: int = 50_000,
                      progress: Any = None, return_ids: bool = False,
-                     unique: _unique.Unique | bool | None = None) -> Any:
+                     unique: _unique.Unique | bool | None = None,
+                     concurrency_key: str | Sequence[str | None] | None = None) -> Any:
         """Bulk-enqueue jobs of one kind by binary COPY; returns how many.
+
+        ``concurrency_key``: one str for every job, or one key (or None) per
+        job; keyed jobs go in one statement per chunk instead of COPY
+        (see :meth:`enqueue` and docs/flow-control.md).
 
         With ``unique=awa_fast.Unique(...)`` duplicates (within the call or
         held by another job) are skipped and the result is a
@@ -236,8 +276,24 @@ class Client:
         is called with the number of rows written so far. Returns how many,
         or the new job ids in order with ``return_ids=True``.
         """
+        if concurrency_key is not None and not isinstance(concurrency_key, (str, Sequence)):
+            check_concurrency_key(concurrency_key)
         q, prio, payloads, m, attempts, progress = self._prepare_many(
             kind, args_list, queue, priority, max_attempts, metadata, progress, chunk)
+        keys = keys_for_rows(concurrency_key, len(payloads))
+        _no_unique_with_key(unique, keys is not None)
+        if keys is not None:
+            with self._conn_scope(conn) as target:
+                scope = target.transaction() if target.autocommit else contextlib.nullcontext()
+                with scope:
+                    got: list[int] = []
+                    for start in range(0, len(payloads), chunk):
+                        got.extend(self.storage.job_enqueue_keyed_many(
+                            target, q, prio, kind, payloads[start:start + chunk], m, attempts,
+                            keys[start:start + chunk]))
+                        if progress is not None:
+                            progress(len(got))
+            return got if return_ids else len(got)
         if unique:
             with self._conn_scope(conn) as target:
                 return _unique.enqueue_many(self.storage, target, unique, q, prio, kind, payloads, m, attempts,
@@ -263,10 +319,25 @@ class Client:
                                  queue: str | None = None, priority: int | None = None,
                                  max_attempts: int | None = None, metadata: Any = None, chunk: int = 50_000,
                                  progress: Any = None, return_ids: bool = False,
-                                 unique: _unique.Unique | bool | None = None) -> Any:
+                                 unique: _unique.Unique | bool | None = None,
+                                 concurrency_key: str | Sequence[str | None] | None = None) -> Any:
         """Async twin of :meth:`enqueue_many` on an async connection (joins its transaction)."""
+        if concurrency_key is not None and not isinstance(concurrency_key, (str, Sequence)):
+            check_concurrency_key(concurrency_key)
         q, prio, payloads, m, attempts, progress = self._prepare_many(
             kind, args_list, queue, priority, max_attempts, metadata, progress, chunk)
+        keys = keys_for_rows(concurrency_key, len(payloads))
+        _no_unique_with_key(unique, keys is not None)
+        if keys is not None:
+            got: list[int] = []
+            kscope = conn.transaction() if conn.autocommit else contextlib.nullcontext()
+            async with kscope:  # type: ignore[attr-defined]
+                for start in range(0, len(payloads), chunk):
+                    got.extend(await self.storage.job_enqueue_keyed_many_async(
+                        conn, q, prio, kind, payloads[start:start + chunk], m, attempts, keys[start:start + chunk]))
+                    if progress is not None:
+                        progress(len(got))
+            return got if return_ids else len(got)
         if unique:
             return await _unique.enqueue_many_async(self.storage, conn, unique, q, prio, kind, payloads, m,
                                                     attempts, chunk, progress)

@@ -8,13 +8,18 @@
   ``600/1m``).
 - :class:`LimitWatch` — what a claimer uses to pick its claim call: the plain
   claim function while its queue has no limit (no extra cost at all), the
-  limited wrapper ``lane_claim_limited`` while it has one. It re-reads the
+  limited wrapper ``lane_claim_limited`` while it has one, ``lane_claim_keyed``
+  while it has ``key_max_running`` (per-key concurrency, migration 0012).
+- :func:`check_concurrency_key`, :func:`check_key_max_running` — validation of
+  the per-key settings, before anything is written. It re-reads the
   queue's settings every ``refresh`` seconds, on the claim connection,
   between claims.
 
-The SQL lives in ``sql/0010_flow_control.sql``; the storage calls are
-``Storage.queue_limits_get``, ``queue_limits_set``, ``lane_claim_limited_result``
-and ``queue_limit_status``.
+The SQL lives in ``sql/0010_flow_control.sql`` and ``sql/0012_key_limits.sql``;
+the storage calls are ``Storage.queue_limits_get``, ``queue_limits_set``,
+``lane_claim_limited_result``, ``queue_limit_status`` and, for keys,
+``Storage.queue_limits_read``, ``queue_key_limit_set``, ``lane_claim_keyed_result``,
+``queue_key_status`` (``awa_fast/storage/keys.py``).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from awa_fast.errors import ConfigError
+from awa_fast.errors import ConfigError, InvalidName
 
 if TYPE_CHECKING:
     from awa_fast.jobs import ClaimSnapshot
@@ -88,15 +93,62 @@ def parse_rate(text: str, burst: float | None = None) -> Rate:
 
 @dataclass(frozen=True, slots=True)
 class QueueLimits:
-    """The flow-control settings of one queue (None: no such limit)."""
+    """The flow-control settings of one queue (None: no such limit).
+
+    ``key_max_running``: at most this many jobs of one ``concurrency_key`` run at once.
+    """
 
     queue: str
     max_running: int | None = None
     max_rate: Rate | None = None
+    key_max_running: int | None = None
 
     @property
     def limited(self) -> bool:
         return self.max_running is not None or self.max_rate is not None
+
+    @property
+    def keyed(self) -> bool:
+        return self.key_max_running is not None
+
+
+# Longest concurrency key, in characters (keys are compared and indexed as text).
+MAX_KEY_CHARS = 255
+
+
+def check_concurrency_key(value: object) -> str | None:
+    """A concurrency key as given to enqueue: None, or a non-empty str of at most 255 characters.
+
+    Raises :class:`awa_fast.errors.InvalidName` (a :class:`ConfigError`) otherwise, before anything is written.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidName("concurrency_key", value, f"use a str (got {type(value).__name__}), e.g. "
+                          f"concurrency_key=f\"customer:{{id}}\", or None for no key")
+    if not value or value.isspace():
+        raise InvalidName("concurrency_key", value, "use a non-empty str, or None for no key")
+    if len(value) > MAX_KEY_CHARS:
+        raise InvalidName("concurrency_key", value[:40] + "...",
+                          f"use at most {MAX_KEY_CHARS} characters (this one has {len(value)}); "
+                          "hash a longer identity yourself")
+    if "\x00" in value:
+        raise InvalidName("concurrency_key", value, "NUL characters cannot be stored")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidName("concurrency_key", value, "lone surrogates cannot be stored") from None
+    return value
+
+
+def check_key_max_running(value: object) -> int | None:
+    """``key_max_running`` as given to configure: None (no key limit) or an int >= 1."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1_000_000:
+        raise ConfigError(f"key_max_running={value!r}: use an integer from 1 to 1000000 (jobs of one key "
+                          "running at once), or None for no key limit; pause the queue to stop it")
+    return value
 
 
 def check_max_running(value: object) -> int | None:
@@ -128,8 +180,9 @@ class LimitWatch:
     """Which claim call a claimer makes, from its queue's settings re-read every ``refresh`` s.
 
     ``claim_call(conn)`` returns ``storage.lane_claim_result`` (the plain
-    claim) while the queue has no limit, ``storage.lane_claim_limited_result``
-    while it has one. A failed read keeps the previous answer; the next claim
+    claim) while the queue has no limit, ``storage.lane_claim_keyed_result``
+    while it has ``key_max_running``, ``storage.lane_claim_limited_result``
+    while it has another limit. A failed read keeps the previous answer; the next claim
     on a broken connection fails and reconnects as usual.
     """
 
@@ -147,9 +200,12 @@ class LimitWatch:
         if now - self._read_at >= self.refresh:
             self._read_at = now
             try:
-                self.limits = self.storage.queue_limits_get(conn, self.queue)
+                self.limits = self.storage.queue_limits_read(conn, self.queue)
             except psycopg.Error:
                 pass
-        if self.limits is not None and self.limits.limited:
-            return self.storage.lane_claim_limited_result
+        if self.limits is not None:
+            if self.limits.keyed:
+                return self.storage.lane_claim_keyed_result
+            if self.limits.limited:
+                return self.storage.lane_claim_limited_result
         return self.storage.lane_claim_result

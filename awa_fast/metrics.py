@@ -122,6 +122,7 @@ class StorageGauges:
                 values = {
                     "depth": storage.queue_depth_fast(conn),
                     "dlq": storage.dlq_depth(conn),
+                    "key_waiting": {q: s["waiting"] for q, s in storage.queue_key_status(conn).items()},
                     "dead_tuples": storage.dead_tuples(conn),
                     "leader": storage.leader_info(conn) is not None,
                 }
@@ -277,6 +278,11 @@ def _storage_metrics(g: StorageGauges) -> Iterator[Metric]:
     for q, n in sorted((v.get("dlq") or {}).items()):
         dlq.add_metric([q], float(n))
     yield dlq
+    waiting = GaugeMetricFamily(f"{PREFIX}_key_waiting_jobs", "Jobs waiting on their concurrency key "
+                                "(queues with key_max_running).", labels=["queue"])
+    for q, n in sorted((v.get("key_waiting") or {}).items()):
+        waiting.add_metric([q], float(n))
+    yield waiting
     if "dead_tuples" in v:
         dead = GaugeMetricFamily(f"{PREFIX}_dead_tuples", "Dead tuples over the schema's tables (slow gauge).")
         dead.add_metric([], float(v["dead_tuples"]))

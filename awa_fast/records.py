@@ -109,6 +109,7 @@ class QueueSettings:
     dlq_retention: float
     history_retention: float | None
     created_at: _dt.datetime | None
+    key_max_running: int | None = None  # jobs of one concurrency key at once (docs/flow-control.md)
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> QueueSettings:
@@ -117,7 +118,8 @@ class QueueSettings:
                    enqueue_shards=int(row["enqueue_shards"]), dlq=bool(row["dlq_enabled"]),
                    deadline=row["deadline_s"], heartbeat_timeout=float(row["heartbeat_timeout_s"]),
                    aging_interval=float(row["aging_interval_s"]), dlq_retention=float(row["dlq_retention_s"]),
-                   history_retention=row.get("history_retention_s"), created_at=row.get("created_at"))
+                   history_retention=row.get("history_retention_s"), created_at=row.get("created_at"),
+                   key_max_running=row.get("key_max_running"))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able fields."""

@@ -69,12 +69,13 @@ SELECT __SCHEMA__.attempt_register_callback(%s::bigint, %s::int, %s::int, %s::bi
 SELECT __SCHEMA__.callback_resolve(%s::uuid, %s::text, %s::jsonb, %s::text)
 
 -- name: job_cancel
--- Cancel a job wherever it lives.
-SELECT __SCHEMA__.job_cancel(%s::bigint)
+-- Cancel a job wherever it lives (a job waiting on its concurrency key too; migration 0012).
+SELECT __SCHEMA__.job_cancel_keyed(%s::bigint)
 
 -- name: job_load
--- Find a job wherever it lives (JSON object or NULL), with its progress and result.
-SELECT __SCHEMA__.job_load_v2(%s::bigint)
+-- Find a job wherever it lives (JSON object or NULL), with its progress and result (waiting on its
+-- concurrency key too: job_load_keyed, migration 0012).
+SELECT __SCHEMA__.job_load_keyed(%s::bigint)
 
 -- name: deferred_promote
 -- Promote due deferred jobs into ready (index deferred_jobs_due).
@@ -139,8 +140,14 @@ DELETE FROM __SCHEMA__.dlq_entries WHERE queue = %s
 SELECT queue, depth FROM __SCHEMA__.queue_depth_fast()
 
 -- name: queue_counts_exact
--- Exact per-queue counts by state (scans live rings).
-SELECT queue, state, count FROM __SCHEMA__.queue_counts_exact()
+-- Exact per-queue counts by state (scans live rings); jobs waiting on their concurrency key count as
+-- available (due) or scheduled, as job_load_keyed shows them.
+SELECT queue, state, sum(count)::bigint FROM (
+    SELECT c.queue, c.state, c.count FROM __SCHEMA__.queue_counts_exact() c
+    UNION ALL
+    SELECT w.queue, CASE WHEN w.run_at > now() THEN 'scheduled' ELSE 'available' END, count(*)
+    FROM __SCHEMA__.key_waiting w GROUP BY 1, 2) x
+GROUP BY queue, state
 
 -- name: queue_ensure
 -- Register a queue (idempotent).
@@ -211,11 +218,11 @@ SELECT __SCHEMA__.ring_slot_empty(%s::text, %s::int)
 -- ---------------------------------------------------------------------------
 
 -- name: job_load_many
--- Jobs by id wherever they live (job_load_v2 each: with the stored result and the carried progress), in
+-- Jobs by id wherever they live (job_load_keyed each: job_load_v2 or waiting on a key; with the stored result and the carried progress), in
 -- the order given, with the flushed progress of an open attempt (attempt_state primary key (job_id, run_lease)).
 SELECT u.job_id, j.v, COALESCE(s.progress, j.v->'progress')
 FROM unnest(%s::bigint[]) WITH ORDINALITY AS u(job_id, n)
-CROSS JOIN LATERAL (SELECT __SCHEMA__.job_load_v2(u.job_id) AS v) j
+CROSS JOIN LATERAL (SELECT __SCHEMA__.job_load_keyed(u.job_id) AS v) j
 LEFT JOIN __SCHEMA__.attempt_state s
     ON s.job_id = u.job_id AND s.run_lease = (j.v->>'run_lease')::int
    AND j.v->>'state' IN ('running', 'waiting_external')
@@ -292,8 +299,9 @@ RETURNING job_id
 SELECT queue, paused, stripes, enqueue_shards, dlq_enabled,
        extract(epoch FROM deadline)::float8, extract(epoch FROM heartbeat_timeout)::float8,
        extract(epoch FROM aging_interval)::float8, extract(epoch FROM dlq_retention)::float8, created_at,
-       extract(epoch FROM history_retention)::float8
-FROM __SCHEMA__.queue_meta
+       extract(epoch FROM history_retention)::float8,
+       (SELECT l.key_max_running FROM __SCHEMA__.queue_limits l WHERE l.queue = m.queue)
+FROM __SCHEMA__.queue_meta m
 WHERE %(queue)s::text IS NULL OR queue = %(queue)s
 ORDER BY queue
 
@@ -347,6 +355,9 @@ SELECT EXISTS (
                         AND x.job_id = u.j AND x.run_lease = u.rl)
 ) OR EXISTS (
     SELECT 1 FROM __SCHEMA__.deferred_jobs d WHERE d.run_at <= now() AND d.queue = ANY(%(queues)s::text[])
+) OR EXISTS (
+    -- due jobs waiting on their concurrency key (migration 0012; key_waiting primary key)
+    SELECT 1 FROM __SCHEMA__.key_waiting w WHERE w.queue = ANY(%(queues)s::text[]) AND w.run_at <= now()
 )
 
 -- name: job_pending_list
@@ -531,6 +542,42 @@ SELECT __SCHEMA__.schedule_fires_prune(make_interval(secs => %s::float8), %s::in
 -- name: db_now
 -- The database clock (periodic evaluation compares ticks against it, never the client's clock).
 SELECT now()
+
+-- Per-key concurrency (sql/0012_key_limits.sql, docs/flow-control.md).
+
+-- name: job_enqueue_keyed
+-- Enqueue one job with a concurrency key: into key_waiting when the queue has key_max_running
+-- (queue_limits primary key), else job_enqueue as without a key.
+SELECT __SCHEMA__.job_enqueue_keyed(%s::text, %s::int, %s::text, %s::jsonb, %s::jsonb, %s::int, %s::timestamptz,
+    %s::text)
+
+-- name: job_enqueue_keyed_in
+-- job_enqueue_keyed with a delay in seconds, run_at on the database clock.
+SELECT __SCHEMA__.job_enqueue_keyed(%s::text, %s::int, %s::text, %s::jsonb, %s::jsonb, %s::int,
+    now() + make_interval(secs => %s::float8), %s::text)
+
+-- name: job_enqueue_keyed_many
+-- Enqueue many jobs of one kind with a key each (NULL: none) in one statement; ids in order.
+SELECT __SCHEMA__.job_enqueue_keyed_many(%s::text, %s::int, %s::text, %s::jsonb[], %s::jsonb, %s::int, %s::text[])
+
+-- name: lane_claim_keyed
+-- Claim of a queue with key_max_running: admit what the keys have room for, then claim through
+-- lane_claim_limited; same rows as lane_claim, the marker also while due jobs wait on a key.
+SELECT job_id, run_lease, attempt, max_attempts, queue, kind, priority, args, metadata, ready_slot,
+       lane_id, lane_seq, claim_slot, claim_id, created_at, errors, callback_result, progress
+FROM __SCHEMA__.lane_claim_keyed(%s::text, %s::int, %s::int, %s::int)
+
+-- name: queue_limits_read
+-- Every flow-control setting of one queue, the key limit too (primary key probe; claimers, every few s).
+SELECT max_running, rate_count, rate_per, rate_burst, key_max_running FROM __SCHEMA__.queue_limits WHERE queue = %s
+
+-- name: queue_key_limit_set
+-- Set or (NULL) remove a queue's key_max_running; removing releases its waiting jobs.
+SELECT __SCHEMA__.queue_key_limit_set(%s::text, %s::int)
+
+-- name: queue_key_status
+-- Per key-limited queue: the limit, jobs waiting on a key, keys waiting, jobs admitted.
+SELECT queue, key_max_running, waiting, keys_waiting, admitted FROM __SCHEMA__.queue_key_status()
 
 -- Sessions: what the runtime asks of its own connections (awa_fast/storage/sessions.py).
 

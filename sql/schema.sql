@@ -4,7 +4,7 @@
 -- tests/integration/test_schema_snapshot.py fails when it is out of date.
 -- Rings installed with 4 slots each; owners omitted; names in C order.
 
--- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique
+-- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits
 
 
 ---------------------------------------------------------------------------
@@ -13,6 +13,7 @@
 
 CREATE SEQUENCE __SCHEMA__.claim_id_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1;
 CREATE SEQUENCE __SCHEMA__.job_id_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 1099511627775 CACHE 1;
+CREATE SEQUENCE __SCHEMA__.key_waiting_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1;
 CREATE SEQUENCE __SCHEMA__.queue_lanes_lane_id_seq AS integer START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 2147483647 CACHE 1;  -- owned by __SCHEMA__.queue_lanes.lane_id
 
 ---------------------------------------------------------------------------
@@ -97,6 +98,31 @@ CREATE TABLE __SCHEMA__.done_entries_2 PARTITION OF __SCHEMA__.done_entries FOR 
 CREATE INDEX done_entries_2_job_id_idx ON __SCHEMA__.done_entries_2 USING btree (job_id);
 CREATE TABLE __SCHEMA__.done_entries_3 PARTITION OF __SCHEMA__.done_entries FOR VALUES IN ('3');
 CREATE INDEX done_entries_3_job_id_idx ON __SCHEMA__.done_entries_3 USING btree (job_id);
+
+CREATE TABLE __SCHEMA__.key_admits (
+    queue text NOT NULL,
+    ckey text NOT NULL,
+    job_id bigint NOT NULL,
+    ready_slot smallint NOT NULL,
+    admitted_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT key_admits_pkey PRIMARY KEY (queue, ckey, job_id)
+);
+
+CREATE TABLE __SCHEMA__.key_waiting (
+    queue text NOT NULL,
+    ckey text NOT NULL,
+    seq bigint DEFAULT nextval('__SCHEMA__.key_waiting_seq'::regclass) NOT NULL,
+    job_id bigint NOT NULL,
+    priority smallint NOT NULL,
+    kind text NOT NULL,
+    args jsonb NOT NULL,
+    metadata jsonb,
+    max_attempts smallint NOT NULL,
+    run_at timestamp with time zone NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT key_waiting_pkey PRIMARY KEY (queue, ckey, seq)
+);
+CREATE UNIQUE INDEX key_waiting_job ON __SCHEMA__.key_waiting USING btree (job_id);
 
 CREATE TABLE __SCHEMA__.lease_claim_closure_batches (
     claim_slot smallint NOT NULL,
@@ -260,8 +286,10 @@ CREATE TABLE __SCHEMA__.queue_limits (
     rate_per double precision,
     rate_burst double precision,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    key_max_running integer,
     CONSTRAINT queue_limits_pkey PRIMARY KEY (queue),
     CONSTRAINT queue_limits_check CHECK ((rate_count IS NULL) = (rate_per IS NULL) AND (rate_count IS NULL) = (rate_burst IS NULL)),
+    CONSTRAINT queue_limits_key_max_running_check CHECK (key_max_running >= 1),
     CONSTRAINT queue_limits_max_running_check CHECK (max_running >= 0),
     CONSTRAINT queue_limits_rate_burst_check CHECK (rate_burst >= 1::double precision),
     CONSTRAINT queue_limits_rate_count_check CHECK (rate_count > 0::double precision),
@@ -1270,6 +1298,25 @@ BEGIN
     RETURN 'terminal';
 END $function$;
 
+CREATE OR REPLACE FUNCTION __SCHEMA__.job_cancel_keyed(p_job_id bigint)
+ RETURNS text
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    w __SCHEMA__.key_waiting%ROWTYPE;
+BEGIN
+    -- Index: key_waiting_job
+    DELETE FROM __SCHEMA__.key_waiting x WHERE x.job_id = p_job_id RETURNING * INTO w;
+    IF FOUND THEN
+        INSERT INTO __SCHEMA__.done_entries (ready_slot, job_id, run_lease, attempt, state, queue, kind, error,
+            args, metadata)
+        VALUES (__SCHEMA__.ring_current('ready'), w.job_id, 0, 0, 3, w.queue, w.kind, 'cancelled', w.args,
+            w.metadata);
+        RETURN 'cancelled';
+    END IF;
+    RETURN __SCHEMA__.job_cancel(p_job_id);
+END $function$;
+
 CREATE OR REPLACE FUNCTION __SCHEMA__.job_enqueue(p_queue text, p_priority integer, p_kind text, p_args jsonb, p_metadata jsonb, p_max_attempts integer, p_run_at timestamp with time zone)
  RETURNS bigint
  LANGUAGE plpgsql
@@ -1293,6 +1340,94 @@ BEGIN
         attempt, max_attempts, lease_base)
     VALUES (r.ready_slot, r.lane_id, r.first_seq, v_job, p_kind, p_args, p_metadata, 0, p_max_attempts, 0);
     RETURN v_job;
+END $function$;
+
+CREATE OR REPLACE FUNCTION __SCHEMA__.job_enqueue_keyed(p_queue text, p_priority integer, p_kind text, p_args jsonb, p_metadata jsonb, p_max_attempts integer, p_run_at timestamp with time zone, p_key text)
+ RETURNS bigint
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $function$
+DECLARE
+    v_job bigint;
+    v_quiet boolean;
+BEGIN
+    IF p_key IS NULL OR NOT EXISTS (SELECT 1 FROM __SCHEMA__.queue_limits l
+                                    WHERE l.queue = p_queue AND l.key_max_running IS NOT NULL) THEN
+        RETURN __SCHEMA__.job_enqueue(p_queue, p_priority, p_kind, p_args, p_metadata, p_max_attempts, p_run_at);
+    END IF;
+    PERFORM __SCHEMA__.queue_ensure_nowait(p_queue);
+    v_job := nextval('__SCHEMA__.job_id_seq');
+    -- Index: key_waiting primary key (queue, ckey, seq)
+    v_quiet := NOT EXISTS (SELECT 1 FROM __SCHEMA__.key_waiting w WHERE w.queue = p_queue AND w.ckey = p_key);
+    INSERT INTO __SCHEMA__.key_waiting (queue, ckey, job_id, priority, kind, args, metadata, max_attempts, run_at)
+    VALUES (p_queue, p_key, v_job, p_priority, p_kind, p_args, p_metadata, p_max_attempts,
+            greatest(COALESCE(p_run_at, now()), now()));
+    IF v_quiet AND (p_run_at IS NULL OR p_run_at <= now()) THEN
+        PERFORM pg_notify(__SCHEMA__.notify_channel(), p_queue);
+    END IF;
+    RETURN v_job;
+END $function$;
+
+CREATE OR REPLACE FUNCTION __SCHEMA__.job_enqueue_keyed_many(p_queue text, p_priority integer, p_kind text, p_args jsonb[], p_metadata jsonb, p_max_attempts integer, p_keys text[])
+ RETURNS SETOF bigint
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $function$
+DECLARE
+    v_lane_args jsonb[];
+    v_lane_pos bigint[];
+    v_lane_ids bigint[];
+    v_key_ids bigint[];
+    v_key_pos bigint[];
+    v_quiet bigint;
+BEGIN
+    IF cardinality(p_args) IS NULL OR cardinality(p_args) = 0 THEN
+        RETURN;
+    END IF;
+    IF cardinality(p_keys) IS DISTINCT FROM cardinality(p_args) THEN
+        RAISE EXCEPTION 'job_enqueue_keyed_many: % args but % keys', cardinality(p_args), cardinality(p_keys)
+            USING ERRCODE = '22023';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM __SCHEMA__.queue_limits l
+                   WHERE l.queue = p_queue AND l.key_max_running IS NOT NULL) THEN
+        RETURN QUERY SELECT * FROM __SCHEMA__.job_enqueue_many(p_queue, p_priority, p_kind, p_args, p_metadata,
+                                                               p_max_attempts);
+        RETURN;
+    END IF;
+    PERFORM __SCHEMA__.queue_ensure_nowait(p_queue);
+    SELECT array_agg(a.args ORDER BY a.n), array_agg(a.n ORDER BY a.n) INTO v_lane_args, v_lane_pos
+    FROM unnest(p_args, p_keys) WITH ORDINALITY AS a(args, k, n) WHERE a.k IS NULL;
+    IF v_lane_args IS NOT NULL THEN
+        -- lane-born ids grow with their position in the range
+        SELECT array_agg(x.id ORDER BY x.id) INTO v_lane_ids
+        FROM __SCHEMA__.job_enqueue_many(p_queue, p_priority, p_kind, v_lane_args, p_metadata, p_max_attempts) AS x(id);
+    END IF;
+    WITH k AS (
+        SELECT a.args, a.k, a.n FROM unnest(p_args, p_keys) WITH ORDINALITY AS a(args, k, n) WHERE a.k IS NOT NULL
+    ), quiet AS (
+        -- Index: key_waiting primary key (queue, ckey, seq); one probe per distinct key
+        SELECT count(*) AS c FROM (SELECT DISTINCT k.k FROM k) d
+        WHERE NOT EXISTS (SELECT 1 FROM __SCHEMA__.key_waiting w WHERE w.queue = p_queue AND w.ckey = d.k)
+    ), ins AS (
+        INSERT INTO __SCHEMA__.key_waiting (queue, ckey, job_id, priority, kind, args, metadata, max_attempts, run_at)
+        SELECT p_queue, k.k, nextval('__SCHEMA__.job_id_seq'), p_priority, p_kind, k.args, p_metadata,
+            p_max_attempts, now()
+        FROM k ORDER BY k.n
+        RETURNING job_id, seq
+    )
+    SELECT (SELECT array_agg(i.job_id ORDER BY i.seq) FROM ins i), (SELECT array_agg(k.n ORDER BY k.n) FROM k),
+           (SELECT q.c FROM quiet q)
+    INTO v_key_ids, v_key_pos, v_quiet;
+    IF v_quiet > 0 THEN
+        PERFORM pg_notify(__SCHEMA__.notify_channel(), p_queue);
+    END IF;
+    RETURN QUERY
+    SELECT u.id FROM (
+        SELECT l.id, l.pos FROM unnest(v_lane_ids, v_lane_pos) AS l(id, pos)
+        UNION ALL
+        SELECT w.id, w.pos FROM unnest(v_key_ids, v_key_pos) AS w(id, pos)) u
+    WHERE u.id IS NOT NULL
+    ORDER BY u.pos;
 END $function$;
 
 CREATE OR REPLACE FUNCTION __SCHEMA__.job_enqueue_many(p_queue text, p_priority integer, p_kind text, p_args jsonb[], p_metadata jsonb, p_max_attempts integer)
@@ -1452,6 +1587,26 @@ BEGIN
         'errors', r.errors, 'created_at', r.created_at);
 END $function$;
 
+CREATE OR REPLACE FUNCTION __SCHEMA__.job_load_keyed(p_job_id bigint)
+ RETURNS jsonb
+ LANGUAGE plpgsql
+ STABLE
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $function$
+DECLARE
+    v jsonb;
+BEGIN
+    -- Index: key_waiting_job
+    SELECT jsonb_build_object('state', CASE WHEN w.run_at > now() THEN 'scheduled' ELSE 'available' END,
+        'job_id', w.job_id, 'queue', w.queue, 'kind', w.kind, 'priority', w.priority, 'args', w.args,
+        'metadata', w.metadata, 'attempt', 0, 'max_attempts', w.max_attempts, 'run_lease', 0, 'errors', NULL,
+        'run_at', w.run_at, 'created_at', w.created_at, 'progress', NULL, 'result', NULL,
+        'concurrency_key', w.ckey)
+    INTO v FROM __SCHEMA__.key_waiting w WHERE w.job_id = p_job_id;
+    IF v IS NOT NULL THEN RETURN v; END IF;
+    RETURN __SCHEMA__.job_load_v2(p_job_id);
+END $function$;
+
 CREATE OR REPLACE FUNCTION __SCHEMA__.job_load_v2(p_job_id bigint)
  RETURNS jsonb
  LANGUAGE plpgsql
@@ -1560,6 +1715,129 @@ BEGIN
         PERFORM __SCHEMA__.ready_append(p_queue, p_priority, p_job, p_kind, p_args, p_metadata, 0,
             p_max_attempts, 0, now(), NULL, NULL);
     END IF;
+END $function$;
+
+CREATE OR REPLACE FUNCTION __SCHEMA__.key_admit(p_queue text, p_kmax integer)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET jit TO 'off'
+AS $function$
+DECLARE
+    v_jobs bigint[]; v_prios smallint[]; v_seqs bigint[]; v_kinds text[]; v_args jsonb[]; v_metas jsonb[];
+    v_maxs smallint[]; v_created timestamptz[]; v_ckeys text[];
+    v_pick_keys text[]; v_pick_seqs bigint[];
+    v_prio smallint;
+    v_cnt int;
+    v_rng record;
+    v_phase int;
+BEGIN
+    -- Index: key_admits primary key (queue, ...); done_entries_job; dlq_entries primary key.
+    -- The done row of a job that ran from its admitted ready row is in that row's ready slot:
+    -- one partition probed (run-time pruning). A job that moved (retried, snoozed, rescued)
+    -- ends elsewhere: every partition is probed for an eighth of the admissions per call
+    -- (job_id mod 8 against a random phase), so its slot frees a few claim calls late at most.
+    -- An admission older than 5 minutes whose job is nowhere live any more (its terminal row
+    -- pruned with its ready slot while no claim ran) is retired too: a key never stays full
+    -- of jobs that ended (ready_entries_job, deferred_jobs primary key, leases_job).
+    v_phase := floor(random() * 8)::int;
+    DELETE FROM __SCHEMA__.key_admits a
+    WHERE a.queue = p_queue
+      AND (EXISTS (SELECT 1 FROM __SCHEMA__.done_entries x WHERE x.ready_slot = a.ready_slot AND x.job_id = a.job_id)
+           OR EXISTS (SELECT 1 FROM __SCHEMA__.dlq_entries x WHERE x.job_id = a.job_id)
+           OR (a.job_id % 8 = v_phase
+               AND EXISTS (SELECT 1 FROM __SCHEMA__.done_entries x WHERE x.job_id = a.job_id))
+           OR (a.admitted_at < now() - interval '5 minutes'
+               AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.ready_entries x WHERE x.job_id = a.job_id)
+               AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.deferred_jobs x WHERE x.job_id = a.job_id)
+               AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.leases x WHERE x.job_id = a.job_id)));
+    WITH RECURSIVE keys AS (
+        (SELECT w.ckey FROM __SCHEMA__.key_waiting w WHERE w.queue = p_queue ORDER BY w.ckey LIMIT 1)
+        UNION ALL
+        SELECT (SELECT w.ckey FROM __SCHEMA__.key_waiting w WHERE w.queue = p_queue AND w.ckey > keys.ckey
+                ORDER BY w.ckey LIMIT 1)
+        FROM keys WHERE keys.ckey IS NOT NULL
+    ), pick AS MATERIALIZED (
+        SELECT k.ckey, x.seq
+        FROM keys k
+        CROSS JOIN LATERAL (SELECT p_kmax - count(*) AS room FROM __SCHEMA__.key_admits a
+                            WHERE a.queue = p_queue AND a.ckey = k.ckey) r
+        CROSS JOIN LATERAL (SELECT w.seq FROM __SCHEMA__.key_waiting w
+                            WHERE w.queue = p_queue AND w.ckey = k.ckey AND w.run_at <= now()
+                            ORDER BY w.seq LIMIT CASE WHEN p_kmax IS NULL THEN NULL ELSE greatest(r.room, 0) END) x
+        WHERE k.ckey IS NOT NULL
+    )
+    SELECT array_agg(p.ckey), array_agg(p.seq) INTO v_pick_keys, v_pick_seqs FROM pick p;
+    IF v_pick_keys IS NULL THEN
+        RETURN 0;
+    END IF;
+    -- Primary-key deletes of exactly the picked rows (a join with the pick, flattened, let the
+    -- planner read every waiting row of a hot key: 10,000 rows for 0 picked).
+    WITH gone AS (
+        DELETE FROM __SCHEMA__.key_waiting w USING unnest(v_pick_keys, v_pick_seqs) AS u(ck, s)
+        WHERE w.queue = p_queue AND w.ckey = u.ck AND w.seq = u.s
+        RETURNING w.*
+    )
+    SELECT array_agg(g.job_id ORDER BY g.priority, g.seq), array_agg(g.priority ORDER BY g.priority, g.seq),
+           array_agg(g.seq ORDER BY g.priority, g.seq), array_agg(g.kind ORDER BY g.priority, g.seq),
+           array_agg(g.args ORDER BY g.priority, g.seq), array_agg(g.metadata ORDER BY g.priority, g.seq),
+           array_agg(g.max_attempts ORDER BY g.priority, g.seq), array_agg(g.created_at ORDER BY g.priority, g.seq),
+           array_agg(g.ckey ORDER BY g.priority, g.seq)
+    INTO v_jobs, v_prios, v_seqs, v_kinds, v_args, v_metas, v_maxs, v_created, v_ckeys
+    FROM gone g;
+    IF v_jobs IS NULL THEN
+        RETURN 0;
+    END IF;
+    FOR v_prio, v_cnt IN SELECT u.p, count(*) FROM unnest(v_prios) AS u(p) GROUP BY u.p ORDER BY u.p LOOP
+        SELECT * INTO v_rng FROM __SCHEMA__.lane_reserve(p_queue, v_prio, v_cnt, pg_backend_pid());
+        INSERT INTO __SCHEMA__.ready_entries (ready_slot, lane_id, lane_seq, job_id, kind, args, metadata,
+            attempt, max_attempts, lease_base, created_at)
+        SELECT v_rng.ready_slot, v_rng.lane_id, v_rng.first_seq + (row_number() OVER (ORDER BY u.s)) - 1,
+            u.j, u.k, u.a, u.m, 0, u.x, 0, u.c
+        FROM unnest(v_jobs, v_prios, v_seqs, v_kinds, v_args, v_metas, v_maxs, v_created) AS u(j, p, s, k, a, m, x, c)
+        WHERE u.p = v_prio;
+        IF p_kmax IS NOT NULL THEN
+            INSERT INTO __SCHEMA__.key_admits (queue, ckey, job_id, ready_slot)
+            SELECT p_queue, u.ck, u.j, v_rng.ready_slot
+            FROM unnest(v_jobs, v_prios, v_ckeys) AS u(j, p, ck) WHERE u.p = v_prio;
+        END IF;
+    END LOOP;
+    RETURN cardinality(v_jobs);
+END $function$;
+
+CREATE OR REPLACE FUNCTION __SCHEMA__.lane_claim_keyed(p_queue text, p_max integer, p_stripe integer DEFAULT 0, p_stripes integer DEFAULT 1)
+ RETURNS TABLE(job_id bigint, run_lease integer, attempt integer, max_attempts integer, queue text, kind text, priority integer, args jsonb, metadata jsonb, ready_slot integer, lane_id integer, lane_seq bigint, claim_slot integer, claim_id bigint, created_at timestamp with time zone, errors jsonb, callback_result jsonb, progress jsonb)
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET jit TO 'off'
+AS $function$
+DECLARE
+    v_kmax int;
+    v_open boolean;
+BEGIN
+    SELECT l.key_max_running INTO v_kmax FROM __SCHEMA__.queue_limits l WHERE l.queue = p_queue;
+    v_open := v_kmax IS NOT NULL AND p_max > 0
+        AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.queue_meta m WHERE m.queue = p_queue AND m.paused);
+    IF v_open THEN
+        PERFORM pg_advisory_xact_lock(__SCHEMA__.lock_key('limit'), hashtext(p_queue));
+        PERFORM __SCHEMA__.key_admit(p_queue, v_kmax);
+    END IF;
+    RETURN QUERY
+    WITH c AS MATERIALIZED (
+        SELECT * FROM __SCHEMA__.lane_claim_limited(p_queue, p_max, p_stripe, p_stripes)
+    ), t AS (
+        SELECT count(*) FILTER (WHERE c.job_id IS NOT NULL)::int AS n, COALESCE(bool_or(c.job_id IS NULL), false) AS marker
+        FROM c
+    )
+    SELECT * FROM c WHERE c.job_id IS NOT NULL
+    UNION ALL
+    SELECT NULL::bigint, NULL::int, NULL::int, NULL::int, NULL::text, NULL::text, NULL::int, NULL::jsonb,
+        NULL::jsonb, NULL::int, NULL::int, NULL::bigint, NULL::int, NULL::bigint, NULL::timestamptz,
+        NULL::jsonb, NULL::jsonb, NULL::jsonb
+    FROM t
+    WHERE t.marker OR (v_open AND t.n < p_max
+        -- Index: key_waiting primary key (queue, ...)
+        AND EXISTS (SELECT 1 FROM __SCHEMA__.key_waiting w WHERE w.queue = p_queue AND w.run_at <= now()));
 END $function$;
 
 CREATE OR REPLACE FUNCTION __SCHEMA__.lane_claim_limited(p_queue text, p_max integer, p_stripe integer DEFAULT 0, p_stripes integer DEFAULT 1)
@@ -2013,6 +2291,47 @@ BEGIN
         INSERT INTO __SCHEMA__.queue_meta (queue) VALUES (p_queue) ON CONFLICT DO NOTHING;
     END IF;
 END $function$;
+
+CREATE OR REPLACE FUNCTION __SCHEMA__.queue_key_limit_set(p_queue text, p_kmax integer)
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    n int := 0;
+BEGIN
+    PERFORM __SCHEMA__.queue_ensure(p_queue);
+    INSERT INTO __SCHEMA__.queue_limits AS l (queue, key_max_running) VALUES (p_queue, p_kmax)
+    ON CONFLICT (queue) DO UPDATE SET key_max_running = EXCLUDED.key_max_running, updated_at = now();
+    IF p_kmax IS NULL THEN
+        PERFORM pg_advisory_xact_lock(__SCHEMA__.lock_key('limit'), hashtext(p_queue));
+        n := __SCHEMA__.key_admit(p_queue, NULL);
+        WITH gone AS (
+            DELETE FROM __SCHEMA__.key_waiting w WHERE w.queue = p_queue RETURNING w.*
+        )
+        INSERT INTO __SCHEMA__.deferred_jobs (job_id, queue, priority, kind, args, metadata, attempt,
+            max_attempts, lease_base, state, run_at, created_at)
+        SELECT g.job_id, g.queue, g.priority, g.kind, g.args, g.metadata, 0, g.max_attempts, 0, 1, g.run_at,
+            g.created_at
+        FROM gone g;
+        DELETE FROM __SCHEMA__.key_admits a WHERE a.queue = p_queue;
+    END IF;
+    RETURN n;
+END $function$;
+
+CREATE OR REPLACE FUNCTION __SCHEMA__.queue_key_status()
+ RETURNS TABLE(queue text, key_max_running integer, waiting bigint, keys_waiting bigint, admitted bigint)
+ LANGUAGE sql
+ STABLE
+AS $function$
+    SELECT q.queue, l.key_max_running,
+        (SELECT count(*) FROM __SCHEMA__.key_waiting w WHERE w.queue = q.queue),
+        (SELECT count(DISTINCT w.ckey) FROM __SCHEMA__.key_waiting w WHERE w.queue = q.queue),
+        (SELECT count(*) FROM __SCHEMA__.key_admits a WHERE a.queue = q.queue)
+    FROM (SELECT l2.queue FROM __SCHEMA__.queue_limits l2 WHERE l2.key_max_running IS NOT NULL
+          UNION SELECT DISTINCT w2.queue FROM __SCHEMA__.key_waiting w2) q
+    LEFT JOIN __SCHEMA__.queue_limits l ON l.queue = q.queue
+    ORDER BY q.queue
+$function$;
 
 CREATE OR REPLACE FUNCTION __SCHEMA__.queue_limit_status()
  RETURNS TABLE(queue text, max_running integer, rate_count double precision, rate_per double precision, rate_burst double precision, running bigint, tokens double precision)

@@ -73,7 +73,18 @@ def _queue_text(s: Any) -> str:
     return (f"{s.queue}: {'paused' if s.paused else 'active'}, deadline {_seconds(s.deadline)}, "
             f"heartbeat timeout {_seconds(s.heartbeat_timeout)}, dlq {'on' if s.dlq else 'off'} "
             f"(retention {_seconds(s.dlq_retention)}), aging {_seconds(s.aging_interval)}, "
-            f"{s.enqueue_shards} enqueue shards")
+            f"{s.enqueue_shards} enqueue shards"
+            + (f", at most {s.key_max_running} per concurrency key" if s.key_max_running else ""))
+
+
+def _key_max(text: str) -> int:
+    from awa_fast.limits import check_key_max_running
+
+    try:
+        n = int(text)
+    except ValueError:
+        raise ConfigError(f"--key-max-running {text!r}: use an integer >= 1, or 'none' to remove the limit") from None
+    return check_key_max_running(n)  # type: ignore[return-value]
 
 
 def cmd_queue(args: argparse.Namespace) -> int:
@@ -107,11 +118,13 @@ def cmd_queue(args: argparse.Namespace) -> int:
                                       "or 'none' to remove the limit") from None
             rate: Any = KEEP if args.max_rate is None else (
                 None if args.max_rate == "none" else parse_rate(args.max_rate, args.burst))
+            key_max: Any = KEEP if args.key_max_running is None else (
+                None if args.key_max_running == "none" else _key_max(args.key_max_running))
             s = app.configure_queue(args.name, deadline=deadline, heartbeat_timeout=args.heartbeat_timeout,
                                     dlq=args.dlq, dlq_retention=args.dlq_retention,
                                     aging_interval=args.aging_interval, enqueue_shards=args.enqueue_shards,
                                     history_retention=args.history_retention, max_running=max_running,
-                                    max_rate=rate, conn=conn)
+                                    max_rate=rate, key_max_running=key_max, conn=conn)
             _out(args, s.to_dict(), _queue_text(s))
         else:
             paused = args.action == "pause"

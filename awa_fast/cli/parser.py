@@ -189,6 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
                                           "'none' removes the limit")
     sp.add_argument("--max-rate", help="at most COUNT/PERIOD jobs started, e.g. 100/1s; 'none' removes the limit")
     sp.add_argument("--burst", type=float, help="with --max-rate: jobs that may start at once (default COUNT)")
+    sp.add_argument("--key-max-running", help="at most N jobs of one concurrency key running at once; "
+                                              "'none' removes the limit (waiting jobs then run)")
     sp.set_defaults(func=cmd_queue)
     for action, text in (("pause", "stop claims on a queue (running jobs finish)"),
                          ("resume", "let claims on a paused queue start again")):

@@ -31,6 +31,7 @@ def collect_status(storage: Storage, conn: psycopg.Connection, home: pathlib.Pat
         "local": None,
         "supervisors": [],
     }
+    data["key_limits"] = storage.queue_key_status(conn)  # per-key concurrency: jobs waiting on a key
     if exact:
         data["counts"] = storage.queue_counts_exact(conn)
     if home is not None:
@@ -76,6 +77,10 @@ def format_status(data: dict[str, Any]) -> str:
     for q in data["queues"]:
         name = q["queue"]
         lines.append(f"queue {name}: depth {data['depth'].get(name, 0)}{' (paused)' if q['paused'] else ''}")
+        keyed = data.get("key_limits", {}).get(name)
+        if keyed:
+            lines.append(f"  key limit {keyed['key_max_running']}: {keyed['waiting']} jobs waiting on "
+                         f"{keyed['keys_waiting']} keys, {keyed['admitted']} admitted")
         for state, n in sorted(data.get("counts", {}).get(name, {}).items()):
             lines.append(f"  {state}: {n}")
     supervisors = data.get("supervisors")

@@ -31,6 +31,7 @@ from awa_fast.errors import ConfigError, SchemaNotMigrated, SchemaTooNew
 from awa_fast.jobs import ClaimSnapshot
 from awa_fast.storage.connection import clean_text
 from awa_fast.storage.copy_rows import encode_done_result_rows
+from awa_fast.storage.keys import KeyLimitQueries
 from awa_fast.storage.schema import latest_version, named_queries, render, validate_schema
 from awa_fast.storage.sessions import SessionQueries
 from awa_fast.storage.types import (AttemptResult, LaneRange, RawJson)
@@ -52,7 +53,7 @@ _DONE_RESULT_COPY = "COPY __SCHEMA__.done_entries (ready_slot, job_id, lane_id, 
 _CLOSURE_COPY = "COPY __SCHEMA__.lease_claim_closures (claim_slot, claim_id, job_id, run_lease, outcome) FROM STDIN (FORMAT binary)"
 
 
-class Storage(SessionQueries):
+class Storage(KeyLimitQueries, SessionQueries):
     """All SQL of one awa-fast schema. Stateless apart from its rendered queries."""
 
     __slots__ = ("schema", "q", "channel", "_done_copy", "_closure_copy", "_done_result_copy")
@@ -1008,7 +1009,8 @@ def _job_retry(job_id: int) -> _Stmt:
 
 
 _QUEUE_SETTING_KEYS = ("queue", "paused", "stripes", "enqueue_shards", "dlq_enabled", "deadline_s",
-                       "heartbeat_timeout_s", "aging_interval_s", "dlq_retention_s", "created_at", "history_retention_s")
+                       "heartbeat_timeout_s", "aging_interval_s", "dlq_retention_s", "created_at", "history_retention_s",
+                       "key_max_running")
 
 
 def _queue_settings(queue: str | None) -> _Stmt:
