@@ -346,7 +346,8 @@ def test_hot_key_backlog_does_not_delay_a_cold_key_under_supervisors(pg_dsn, sch
                 enqueued_at = sqlx_all(conn, schema, "SELECT extract(epoch FROM clock_timestamp())::float8")[0][0]
             # the receipt first: the claim ring rotates fast and its pruning drops closed receipts
             claimed_at = wait_for(lambda: sqlx_all(conn, schema, "SELECT extract(epoch FROM claimed_at)::float8 "
-                                                                  "FROM __SCHEMA__.lease_claims WHERE %s = ANY(job_ids)",
+                                                                  "FROM __SCHEMA__.lease_claims "
+                                                                  "WHERE %s = ANY(job_ids)",
                                                     (cold,)), 30, "the cold job's claim", on_timeout=sups[0].tail)[0][0]
             started = wait_for(lambda: sqlx_all(conn, schema, "SELECT extract(epoch FROM started_at)::float8 "
                                                                "FROM __SCHEMA__.flow_runs WHERE job_id = %s",
