@@ -4,7 +4,7 @@ Same functions, signatures and behaviour as the pure-Python twin
 ``awa_fast._pycodec``; pick one through ``awa_fast._impl``.
 """
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from awa_fast.jobs import ClaimSnapshot
@@ -15,6 +15,7 @@ __all__ = [
     "MAX_DEPTH_LIMIT",
     "check_payload",
     "decode_snapshots",
+    "dump_payloads",
     "encode_closure_rows",
     "encode_done_rows",
     "encode_ready_rows",
@@ -31,6 +32,9 @@ _fast_snapshots: bool
 _fast_snapshot_fields: bool
 
 def check_payload(obj: object, max_depth: int = 32) -> None: ...
+def dump_payloads(
+    objs: list[Any], start: int, out: list[bytes], max_depth: int, limit: int, dumps: Callable[[Any], Any]
+) -> int: ...
 def encode_ready_rows(
     ready_slot: int,
     lane_id: int,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from types import ModuleType
 from typing import Any, Protocol, cast
 
@@ -32,6 +32,7 @@ __all__ = [
     "Codec",
     "check_payload",
     "decode_snapshots",
+    "dump_payloads",
     "encode_closure_rows",
     "encode_done_rows",
     "encode_ready_rows",
@@ -51,6 +52,9 @@ class Codec(Protocol):
     MAX_DEPTH_LIMIT: int
 
     def check_payload(self, obj: object, max_depth: int = 32) -> None: ...
+
+    def dump_payloads(self, objs: list[Any], start: int, out: list[bytes], max_depth: int, limit: int,
+                      dumps: Callable[[Any], Any]) -> int: ...
 
     def encode_ready_rows(
         self,
@@ -114,6 +118,7 @@ IMPL, _module = _select()
 _codec_api = cast(Codec, _module)
 
 check_payload = _codec_api.check_payload
+dump_payloads = _codec_api.dump_payloads
 encode_ready_rows = _codec_api.encode_ready_rows
 encode_done_rows = _codec_api.encode_done_rows
 encode_closure_rows = _codec_api.encode_closure_rows

@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 import re
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from math import isfinite
 from operator import attrgetter
 from operator import index as _index
@@ -51,6 +51,7 @@ __all__ = [
     "MAX_DEPTH_LIMIT",
     "check_payload",
     "decode_snapshots",
+    "dump_payloads",
     "encode_closure_rows",
     "encode_done_rows",
     "encode_ready_rows",
@@ -201,6 +202,51 @@ def check_payload(obj: object, max_depth: int = 32) -> None:
     trail: list[Any] = []
     if _walk(obj, 0, max_depth, trail):
         raise PayloadError(trail[0], _format_path(reversed(trail[1:])))
+
+
+def dump_payloads(
+    objs: list[Any], start: int, out: list[bytes], max_depth: int, limit: int, dumps: Callable[[Any], Any]
+) -> int:
+    """Check and encode ``objs[start:]`` into ``out`` while they take the fast path.
+
+    For each item from ``start`` on, in order: if it is exactly a ``dict`` or
+    a ``list``, passes :func:`check_payload` with ``max_depth``, and
+    ``dumps(item)`` returns exactly ``bytes`` of at most ``limit`` bytes,
+    those bytes are appended to ``out``. Returns the index of the first item
+    that did not (nothing is raised for it, not even what ``dumps`` raised:
+    the caller gives that item its full treatment and error, then calls again
+    from the next index), or ``len(objs)`` when all did. A bulk enqueue thus
+    runs one C loop instead of a Python call per payload.
+    """
+    if type(objs) is not list:
+        raise TypeError(f"objs must be a list, not {type(objs).__name__}")
+    if type(out) is not list:
+        raise TypeError(f"out must be a list, not {type(out).__name__}")
+    if type(max_depth) is not int:
+        max_depth = _index(max_depth)
+    if not 0 <= max_depth <= MAX_DEPTH_LIMIT:
+        raise ValueError(f"max_depth={max_depth} must be in 0..{MAX_DEPTH_LIMIT}")
+    i = _index(start)
+    limit = _index(limit)
+    if i < 0:
+        raise ValueError(f"start={i} must be >= 0")
+    # the size is read at every step: dumps is Python code and may change the list
+    while i < len(objs):
+        obj = objs[i]
+        t = type(obj)
+        if t is not dict and t is not list:
+            return i
+        if _walk(obj, 0, max_depth, []):
+            return i
+        try:
+            data = dumps(obj)
+        except Exception:
+            return i
+        if type(data) is not bytes or len(data) > limit:
+            return i
+        out.append(data)
+        i += 1
+    return i
 
 
 # --------------------------------------------------------------------------

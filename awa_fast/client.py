@@ -117,6 +117,29 @@ def encode_payload(obj: Any, what: str = "args", limit: int = MAX_PAYLOAD_BYTES)
     return RawJson(data)
 
 
+def encode_payloads(objs: Iterable[Any], what: str = "args", limit: int = MAX_PAYLOAD_BYTES) -> list[bytes]:
+    """:func:`encode_payload` of every item (``None`` is ``{}``), in order, or raise its :class:`PayloadError`.
+
+    The same checks, conversions and errors as one call per item: plain
+    dicts and lists are checked and encoded in one accelerated loop
+    (``dump_payloads``); any other item, and any item that loop declines
+    (a typed value to convert, a bad value, an oversized one), goes through
+    :func:`encode_payload` itself. The result holds ``bytes`` (some of them
+    :class:`RawJson`); both are sent as jsonb.
+    """
+    items = objs if type(objs) is list else list(objs)
+    out: list[bytes] = []
+    n = len(items)
+    i = 0
+    while True:
+        i = _impl.dump_payloads(items, i, out, MAX_DEPTH, limit, orjson.dumps)
+        if i >= n:
+            return out
+        obj = items[i]
+        out.append(encode_payload({} if obj is None else obj, what, limit))
+        i += 1
+
+
 def validate_chunk(chunk: object) -> int:
     """Rows per COPY of ``enqueue_many``: 1 to 1,000,000."""
     if isinstance(chunk, bool) or not isinstance(chunk, int) or not 1 <= chunk <= 1_000_000:
@@ -240,13 +263,13 @@ class Client:
 
     def _prepare_many(self, kind: str, args_list: Iterable[Any], queue: str | None, priority: int | None,
                       max_attempts: int | None, metadata: Any,
-                      progress: Any, chunk: int) -> tuple[str, int, list[RawJson], RawJson | None, int, Any]:
+                      progress: Any, chunk: int) -> tuple[str, int, list[bytes], RawJson | None, int, Any]:
         validate_chunk(chunk)
         validate_name("kind", kind)
         q = validate_name("queue", queue if queue is not None else self.default_queue)
         prio = validate_priority(PRIORITY_DEFAULT if priority is None else priority)
         attempts = validate_max_attempts(25 if max_attempts is None else max_attempts)
-        payloads = [encode_payload({} if a is None else a, "args", self.max_payload_bytes) for a in args_list]
+        payloads = encode_payloads(args_list, "args", self.max_payload_bytes)
         m = encode_payload(metadata, "metadata", self.max_payload_bytes) if metadata is not None else None
         if progress is True:
             progress = ProgressBar(len(payloads), f"enqueue {kind}")

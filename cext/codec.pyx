@@ -8,7 +8,7 @@ same exceptions and messages, byte-identical output; read that module's
 docstring for the decisions both follow. ``awa_fast._impl`` picks one.
 """
 
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_Check, PyBytes_GET_SIZE
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_Check, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_Next
 from cpython.float cimport PyFloat_AS_DOUBLE
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_New, PyList_SET_ITEM
@@ -45,6 +45,7 @@ __all__ = [
     "MAX_DEPTH_LIMIT",
     "check_payload",
     "decode_snapshots",
+    "dump_payloads",
     "encode_closure_rows",
     "encode_done_rows",
     "encode_ready_rows",

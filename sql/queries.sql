@@ -95,7 +95,8 @@ SELECT __SCHEMA__.attempt_state_sweep()
 
 -- name: ring_rotate
 -- Rotate a ring to its next slot if that slot is empty; NULL when full.
-SELECT __SCHEMA__.ring_rotate(%s::text)
+-- Trims the rotation ledger by TRUNCATE of a span child (short lock timeout).
+SELECT __SCHEMA__.ring_rotate_v2(%s::text, %s::text)
 
 -- name: ring_prune
 -- Prune one sealed ring slot by TRUNCATE behind its gates (short lock timeout).
@@ -103,9 +104,12 @@ SELECT __SCHEMA__.ring_prune(%s::text, %s::int, %s::text)
 
 -- name: ring_state
 -- Current slot, generation and slot count of every ring.
-SELECT DISTINCT ON (r.ring) r.ring, r.slot, r.generation, c.slot_count, r.rotated_at
-FROM __SCHEMA__.ring_rotations r JOIN __SCHEMA__.ring_config c ON c.ring = r.ring
-ORDER BY r.ring, r.generation DESC
+-- Index: the ledger leaves' primary keys (ring, generation), newest row per ring.
+SELECT c.ring, r.slot, r.generation, c.slot_count, r.rotated_at
+FROM __SCHEMA__.ring_config c
+CROSS JOIN LATERAL (SELECT x.slot, x.generation, x.rotated_at FROM __SCHEMA__.ring_rotations x
+                    WHERE x.ring = c.ring ORDER BY x.generation DESC LIMIT 1) r
+ORDER BY c.ring
 
 -- name: dlq_retention_prune
 -- Delete DLQ entries past their queue's retention.

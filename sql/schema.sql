@@ -4,7 +4,7 @@
 -- tests/integration/test_schema_snapshot.py fails when it is out of date.
 -- Rings installed with 4 slots each; owners omitted; names in C order.
 
--- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits
+-- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits, 0013_rotation_ledger_truncate
 
 
 ---------------------------------------------------------------------------
@@ -319,7 +319,7 @@ CREATE TABLE __SCHEMA__.queue_terminal_rollups (
     state smallint NOT NULL,
     count bigint NOT NULL,
     CONSTRAINT queue_terminal_rollups_pkey PRIMARY KEY (queue, state)
-);
+) WITH (autovacuum_vacuum_threshold=4, autovacuum_vacuum_scale_factor=0);
 
 CREATE TABLE __SCHEMA__.ready_entries (
     ready_slot smallint NOT NULL,
@@ -408,8 +408,13 @@ CREATE TABLE __SCHEMA__.ring_rotations (
     generation bigint NOT NULL,
     slot integer NOT NULL,
     rotated_at timestamp with time zone DEFAULT now() NOT NULL,
-    CONSTRAINT ring_rotations_pkey PRIMARY KEY (ring, generation)
-);
+    CONSTRAINT ring_rotations_v2_generation_check CHECK (generation >= 0),
+    CONSTRAINT ring_rotations_v2_ring_check CHECK (ring = ANY (ARRAY['ready'::text, 'claim'::text, 'lease'::text]))
+) PARTITION BY LIST (ring);
+
+CREATE TABLE __SCHEMA__.ring_rotations_claim PARTITION OF __SCHEMA__.ring_rotations FOR VALUES IN ('claim') PARTITION BY LIST ((((generation / 256) % (2)::bigint)));
+CREATE TABLE __SCHEMA__.ring_rotations_lease PARTITION OF __SCHEMA__.ring_rotations FOR VALUES IN ('lease') PARTITION BY LIST ((((generation / 256) % (2)::bigint)));
+CREATE TABLE __SCHEMA__.ring_rotations_ready PARTITION OF __SCHEMA__.ring_rotations FOR VALUES IN ('ready') PARTITION BY LIST ((((generation / 256) % (2)::bigint)));
 
 CREATE TABLE __SCHEMA__.ring_slots (
     ring text NOT NULL,
@@ -2632,11 +2637,25 @@ CREATE OR REPLACE FUNCTION __SCHEMA__.ring_current(p_ring text)
  RETURNS integer
  LANGUAGE plpgsql
  STABLE
- SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
 BEGIN
-    RETURN (SELECT slot FROM __SCHEMA__.ring_rotations
-            WHERE ring = p_ring ORDER BY generation DESC LIMIT 1);
+    IF p_ring = 'claim' THEN
+        RETURN (SELECT x.slot FROM (SELECT slot, generation FROM __SCHEMA__.ring_rotations_claim_0
+                                    UNION ALL
+                                    SELECT slot, generation FROM __SCHEMA__.ring_rotations_claim_1) x
+                ORDER BY x.generation DESC LIMIT 1);
+    ELSIF p_ring = 'ready' THEN
+        RETURN (SELECT x.slot FROM (SELECT slot, generation FROM __SCHEMA__.ring_rotations_ready_0
+                                    UNION ALL
+                                    SELECT slot, generation FROM __SCHEMA__.ring_rotations_ready_1) x
+                ORDER BY x.generation DESC LIMIT 1);
+    ELSIF p_ring = 'lease' THEN
+        RETURN (SELECT x.slot FROM (SELECT slot, generation FROM __SCHEMA__.ring_rotations_lease_0
+                                    UNION ALL
+                                    SELECT slot, generation FROM __SCHEMA__.ring_rotations_lease_1) x
+                ORDER BY x.generation DESC LIMIT 1);
+    END IF;
+    RETURN NULL;
 END $function$;
 
 CREATE OR REPLACE FUNCTION __SCHEMA__.ring_install(p_ready integer, p_claim integer, p_lease integer)
@@ -2873,6 +2892,79 @@ BEGIN
     END IF;
     -- keep the ledger short: generations older than two full cycles go
     DELETE FROM __SCHEMA__.ring_rotations WHERE ring = p_ring AND generation < v_gen + 1 - 2 * v_count;
+    RETURN v_next;
+END $function$;
+
+CREATE OR REPLACE FUNCTION __SCHEMA__.ring_rotate_v2(p_ring text, p_lock_timeout text DEFAULT '50ms'::text)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    span constant int := 256;
+    v_gen bigint;
+    v_slot int;
+    v_next int;
+    v_count int;
+    v_timeout interval;
+    v_new bigint;
+    v_other int;
+    v_other_any boolean;
+BEGIN
+    IF p_ring IS NULL OR p_ring NOT IN ('ready', 'claim', 'lease') THEN
+        RAISE EXCEPTION 'unknown ring %; use ready, claim or lease', quote_nullable(p_ring)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    v_timeout := least(greatest(COALESCE(p_lock_timeout, '50ms')::interval, interval '1 millisecond'),
+                       interval '5 seconds');
+    PERFORM set_config('lock_timeout', ceil(extract(epoch FROM v_timeout) * 1000)::bigint || 'ms', true);
+    PERFORM pg_advisory_xact_lock(__SCHEMA__.lock_key('ring_rotate'), hashtext(p_ring));
+    SELECT generation, slot INTO STRICT v_gen, v_slot FROM __SCHEMA__.ring_rotations
+    WHERE ring = p_ring ORDER BY generation DESC LIMIT 1;
+    SELECT slot_count INTO STRICT v_count FROM __SCHEMA__.ring_config WHERE ring = p_ring;
+    v_next := (v_slot + 1) % v_count;
+    IF NOT __SCHEMA__.ring_slot_empty(p_ring, v_next) THEN
+        RETURN NULL;
+    END IF;
+    v_new := v_gen + 1;
+    -- the child that does not hold the new generation: the previous span
+    -- (at a span boundary: the child the new generation enters)
+    v_other := ((v_new / span) + 1) % 2;  -- used within a span only
+    IF v_new % span = 0 THEN
+        -- entering a span: its child holds the span before the previous one
+        -- (every generation in it is older than a full cycle); it must be empty
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s.ring_rotations_%s_%s)', '__SCHEMA__', p_ring, (v_new / span) % 2)
+        INTO v_other_any;
+        IF v_other_any THEN
+            BEGIN
+                EXECUTE format('TRUNCATE %s.ring_rotations_%s_%s', '__SCHEMA__', p_ring, (v_new / span) % 2);
+            EXCEPTION WHEN lock_not_available THEN
+                RETURN NULL;
+            END;
+        END IF;
+    ELSIF v_new % span >= v_count THEN
+        -- the current span holds a full cycle (the latest generation of every
+        -- slot): the previous span's child is no longer read; trim it if it
+        -- still holds rows and nobody holds it right now (NOWAIT: never queue
+        -- claims behind the lock), else leave it for the next rotation
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s.ring_rotations_%s_%s)', '__SCHEMA__', p_ring, v_other)
+        INTO v_other_any;
+        IF v_other_any THEN
+            BEGIN
+                EXECUTE format('LOCK TABLE %s.ring_rotations_%s_%s IN ACCESS EXCLUSIVE MODE NOWAIT',
+                               '__SCHEMA__', p_ring, v_other);
+                EXECUTE format('TRUNCATE %s.ring_rotations_%s_%s', '__SCHEMA__', p_ring, v_other);
+            EXCEPTION WHEN lock_not_available THEN
+                NULL;
+            END;
+        END IF;
+    END IF;
+    INSERT INTO __SCHEMA__.ring_rotations (ring, generation, slot) VALUES (p_ring, v_new, v_next)
+    ON CONFLICT DO NOTHING;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
     RETURN v_next;
 END $function$;
 

@@ -53,6 +53,11 @@ _DONE_RESULT_COPY = "COPY __SCHEMA__.done_entries (ready_slot, job_id, lane_id, 
 _CLOSURE_COPY = "COPY __SCHEMA__.lease_claim_closures (claim_slot, claim_id, job_id, run_lease, outcome) FROM STDIN (FORMAT binary)"
 
 
+def _as_jsonb(args: Sequence[bytes]) -> list[RawJson]:
+    """Encoded JSON payloads as :class:`RawJson` (sent as jsonb; plain bytes would go as bytea)."""
+    return [a if type(a) is RawJson else RawJson(a) for a in args]
+
+
 class Storage(KeyLimitQueries, SessionQueries):
     """All SQL of one awa-fast schema. Stateless apart from its rendered queries."""
 
@@ -413,9 +418,13 @@ class Storage(KeyLimitQueries, SessionQueries):
         """Delete attempt_state rows of attempts that ended; returns how many."""
         return self._scalar_int(conn, "attempt_state_sweep", ())
 
-    def ring_rotate(self, conn: psycopg.Connection, ring: str) -> int | None:
-        """Rotate ``ring`` (ready, claim or lease); the new slot, or None if the next is not free."""
-        row = conn.execute(self.q["ring_rotate"], (ring,)).fetchone()
+    def ring_rotate(self, conn: psycopg.Connection, ring: str, lock_timeout_ms: int = 50) -> int | None:
+        """Rotate ``ring`` (ready, claim or lease); the new slot, or None if the next is not free.
+
+        The rotation ledger is trimmed by TRUNCATE of a span child, waiting
+        at most ``lock_timeout_ms`` for readers of it (skipped when busy).
+        """
+        row = conn.execute(self.q["ring_rotate"], (ring, f"{int(lock_timeout_ms)}ms")).fetchone()
         return None if row is None or row[0] is None else int(row[0])
 
     def ring_slot_empty(self, conn: psycopg.Connection, ring: str, slot: int) -> bool:
@@ -860,24 +869,24 @@ class Storage(KeyLimitQueries, SessionQueries):
         return int(row[0]), bool(row[1])
 
     def job_enqueue_unique_many(self, conn: psycopg.Connection, keys: Sequence[bytes], period: float | None,
-                                states: int, queue: str, priority: int, kind: str, args: Sequence[RawJson],
+                                states: int, queue: str, priority: int, kind: str, args: Sequence[bytes],
                                 metadata: RawJson | None, max_attempts: int) -> list[tuple[int, bool]]:
         """Enqueue unique jobs with distinct keys in one statement: ``(job_id, inserted)`` per row."""
         if not keys:
             return []
         rows = conn.execute(self.q["job_enqueue_unique_many"], (
-            list(keys), period, states, queue, priority, kind, list(args), metadata, max_attempts)).fetchall()
+            list(keys), period, states, queue, priority, kind, _as_jsonb(args), metadata, max_attempts)).fetchall()
         return [(int(j), bool(i)) for j, i in rows]
 
     async def job_enqueue_unique_many_async(self, conn: psycopg.AsyncConnection, keys: Sequence[bytes],
                                             period: float | None, states: int, queue: str, priority: int,
-                                            kind: str, args: Sequence[RawJson], metadata: RawJson | None,
+                                            kind: str, args: Sequence[bytes], metadata: RawJson | None,
                                             max_attempts: int) -> list[tuple[int, bool]]:
         """Async twin of :meth:`job_enqueue_unique_many`."""
         if not keys:
             return []
         cur = await conn.execute(self.q["job_enqueue_unique_many"], (
-            list(keys), period, states, queue, priority, kind, list(args), metadata, max_attempts))
+            list(keys), period, states, queue, priority, kind, _as_jsonb(args), metadata, max_attempts))
         return [(int(j), bool(i)) for j, i in await cur.fetchall()]
 
     def unique_sweep(self, conn: psycopg.Connection, after: tuple[bytes, int] | None,

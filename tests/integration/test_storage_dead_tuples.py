@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import time
 
+import psycopg
+
 from awa_fast.client import Client
 from tests.fixtures.database import scalar
 from tests.integration.storage_helpers import (
@@ -80,3 +82,79 @@ def test_dead_tuples_stay_bounded_and_do_not_grow_with_jobs(pg_dsn, schema, stor
     assert len(leaf_tables(conn, schema)) > 30
     assert int(scalar(conn, schema, "SELECT count(*) FROM __SCHEMA__.queue_terminal_rollups")) == 1
     assert counts(storage, conn, Q) == {"completed": 100_000}
+
+
+SPAN = 256  # generations per ledger child (sql/0013_rotation_ledger_truncate.sql)
+
+
+def _ledger(conn, schema: str, ring: str) -> dict[str, int]:
+    """Rows per leaf of one ring's rotation ledger."""
+    out = {}
+    for b in (0, 1):
+        out[f"ring_rotations_{ring}_{b}"] = int(scalar(conn, schema, f"SELECT count(*) FROM __SCHEMA__.ring_rotations_{ring}_{b}"))
+    return out
+
+
+def test_rotation_ledger_is_reclaimed_by_truncate_under_a_pinned_reader(pg_dsn, schema, storage, conn):
+    """Promise 4 under a pinned xmin: rotating a ring leaves no dead tuple in its ledger.
+
+    The ledger used to DELETE the generation two cycles back at each rotation:
+    one dead tuple per rotation that a reader idle in transaction kept from
+    vacuum. Now the older span's child is truncated, and every slot's latest
+    generation (read by retention and the slot stats) survives the trim.
+    """
+    ensure_pgstattuple(conn)
+    disable_autovacuum(conn, schema)
+    reader = psycopg.connect(pg_dsn, autocommit=False)
+    try:
+        # a reader that pins the xmin horizon but reads nothing of the ledger
+        reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        reader.execute(f'SELECT count(*) FROM "{schema}".queue_meta').fetchone()
+        assert reader.execute("SELECT backend_xmin IS NOT NULL FROM pg_stat_activity "
+                              "WHERE pid = pg_backend_pid()").fetchone() == (True,)
+        count = int(storage.ring_state(conn)["claim"]["slots"])
+        rotations = 2 * SPAN + count + 10
+        for g in range(1, rotations + 1):
+            assert storage.ring_rotate(conn, "claim") == g % count
+        state = storage.ring_state(conn)["claim"]
+        assert (state["generation"], state["slot"]) == (rotations, rotations % count)
+        dead = {t: n for t, n in dead_tuples_exact(conn, schema).items() if t.startswith("ring_rotations")}
+        assert dead == {}, dead
+        rows = _ledger(conn, schema, "claim")
+        # the older span was truncated: only the current span (and at most a cycle before it) is kept
+        assert sum(rows.values()) <= SPAN + count, rows
+        assert min(rows.values()) == 0, rows
+        # every slot's latest generation is still there (ring_prune_v2's quiet mark, ring_slot_stats)
+        latest = dict(conn.execute(f'SELECT slot, max(generation) FROM "{schema}".ring_rotations '
+                                   "WHERE ring = 'claim' GROUP BY slot").fetchall())
+        assert latest == {s: rotations - ((rotations - s) % count) for s in range(count)}
+        assert reader.execute("SELECT 1").fetchone() == (1,)  # the reader was never disturbed
+    finally:
+        reader.close()
+
+
+def test_rotation_waits_for_a_ledger_reader_only_at_a_span_boundary(pg_dsn, schema, storage, conn):
+    """A transaction that read the ring state holds the ledger children: a trim skips it
+    (quickly, under the lock timeout) and the rotation goes on, until entering the next
+    span needs that child emptied; then the ring reports full (None) until the reader ends."""
+    count = int(storage.ring_state(conn)["claim"]["slots"])
+    for g in range(1, SPAN):
+        assert storage.ring_rotate(conn, "claim") == g % count
+    holder = psycopg.connect(pg_dsn, autocommit=False)
+    try:
+        holder.execute(f"""SELECT "{schema}".ring_current('claim')""").fetchone()  # ACCESS SHARE on both children
+        t0 = time.monotonic()
+        got = [storage.ring_rotate(conn, "claim", lock_timeout_ms=20) for _ in range(SPAN + 1)]
+        took = time.monotonic() - t0
+        # generations SPAN .. 2*SPAN-1 go in (the first span's child is trimmed nowhere: still read),
+        # then generation 2*SPAN needs the first child empty and the reader holds it
+        assert got[:SPAN] == [g % count for g in range(SPAN, 2 * SPAN)], got
+        assert got[SPAN] is None, got[SPAN:]
+        assert storage.ring_state(conn)["claim"]["generation"] == 2 * SPAN - 1
+        assert took < 30, took
+        holder.rollback()
+        assert storage.ring_rotate(conn, "claim") == (2 * SPAN) % count
+        rows = _ledger(conn, schema, "claim")
+        assert rows == {"ring_rotations_claim_0": 1, "ring_rotations_claim_1": SPAN}, rows
+    finally:
+        holder.close()
