@@ -34,7 +34,7 @@ from awa_fast.storage.copy_rows import encode_done_result_rows
 from awa_fast.storage.keys import KeyLimitQueries
 from awa_fast.storage.schema import latest_version, named_queries, render, validate_schema
 from awa_fast.storage.sessions import SessionQueries
-from awa_fast.storage.types import (AttemptResult, LaneRange, RawJson)
+from awa_fast.storage.types import AttemptResult, LaneRange, RawJson, as_jsonb
 
 from awa_fast.limits import KEEP as _LIMIT_KEEP
 
@@ -51,11 +51,6 @@ _READY_COPY = "COPY __SCHEMA__.ready_entries_{slot} (ready_slot, lane_id, lane_s
 _DONE_COPY = "COPY __SCHEMA__.done_entries (ready_slot, job_id, lane_id, lane_seq, run_lease, attempt, state, queue, kind) FROM STDIN (FORMAT binary)"
 _DONE_RESULT_COPY = "COPY __SCHEMA__.done_entries (ready_slot, job_id, lane_id, lane_seq, run_lease, attempt, state, queue, kind, result) FROM STDIN (FORMAT binary)"
 _CLOSURE_COPY = "COPY __SCHEMA__.lease_claim_closures (claim_slot, claim_id, job_id, run_lease, outcome) FROM STDIN (FORMAT binary)"
-
-
-def _as_jsonb(args: Sequence[bytes]) -> list[RawJson]:
-    """Encoded JSON payloads as :class:`RawJson` (sent as jsonb; plain bytes would go as bytea)."""
-    return [a if type(a) is RawJson else RawJson(a) for a in args]
 
 
 class Storage(KeyLimitQueries, SessionQueries):
@@ -875,7 +870,7 @@ class Storage(KeyLimitQueries, SessionQueries):
         if not keys:
             return []
         rows = conn.execute(self.q["job_enqueue_unique_many"], (
-            list(keys), period, states, queue, priority, kind, _as_jsonb(args), metadata, max_attempts)).fetchall()
+            list(keys), period, states, queue, priority, kind, as_jsonb(args), metadata, max_attempts)).fetchall()
         return [(int(j), bool(i)) for j, i in rows]
 
     async def job_enqueue_unique_many_async(self, conn: psycopg.AsyncConnection, keys: Sequence[bytes],
@@ -886,7 +881,7 @@ class Storage(KeyLimitQueries, SessionQueries):
         if not keys:
             return []
         cur = await conn.execute(self.q["job_enqueue_unique_many"], (
-            list(keys), period, states, queue, priority, kind, _as_jsonb(args), metadata, max_attempts))
+            list(keys), period, states, queue, priority, kind, as_jsonb(args), metadata, max_attempts))
         return [(int(j), bool(i)) for j, i in await cur.fetchall()]
 
     def unique_sweep(self, conn: psycopg.Connection, after: tuple[bytes, int] | None,

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from awa_fast import _impl
+from awa_fast.storage.types import as_jsonb
 
 if TYPE_CHECKING:
     from awa_fast.jobs import ClaimSnapshot
@@ -73,7 +74,7 @@ class KeyLimitQueries:
         if not args:
             return []
         rows = conn.execute(self.q["job_enqueue_keyed_many"],
-                            (queue, priority, kind, list(args), metadata, max_attempts, list(keys))).fetchall()
+                            (queue, priority, kind, as_jsonb(args), metadata, max_attempts, list(keys))).fetchall()
         return [int(r[0]) for r in rows]
 
     async def job_enqueue_keyed_many_async(self, conn: psycopg.AsyncConnection, queue: str, priority: int,
@@ -83,7 +84,7 @@ class KeyLimitQueries:
         if not args:
             return []
         cur = await conn.execute(self.q["job_enqueue_keyed_many"],
-                                 (queue, priority, kind, list(args), metadata, max_attempts, list(keys)))
+                                 (queue, priority, kind, as_jsonb(args), metadata, max_attempts, list(keys)))
         return [int(r[0]) for r in await cur.fetchall()]
 
     # -- claim --------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import psycopg
@@ -74,3 +75,8 @@ CLOSE_FAIL = 2
 CLOSE_CANCEL = 3
 CLOSE_RETRY = 4
 CLOSE_SNOOZE = 5
+
+
+def as_jsonb(payloads: Sequence[bytes]) -> list[RawJson]:
+    """Encoded JSON payloads as :class:`RawJson` (sent as jsonb; plain bytes would go as bytea)."""
+    return [a if type(a) is RawJson else RawJson(a) for a in payloads]

@@ -122,15 +122,18 @@ def test_rate_limit_holds_across_two_supervisors(pg_dsn, schema, storage, conn, 
     inside = [t for t in starts if t < first + seconds]
     observed = len(inside) / seconds
     assert abs(observed - rate) <= 0.1 * rate, f"observed {observed:.1f}/s under a {rate}/s limit"
-    # token bucket: any window of w seconds holds at most burst + rate*w starts (handler
-    # starts trail their claim by a few ms: 5 starts of slack)
+    # token bucket: any window of w seconds holds at most burst + rate*w claims. Handler starts
+    # trail their claim (the start is recorded by the handler over its own connection); on a
+    # loaded machine a claimer descheduled for a few hundred ms releases its claims' starts
+    # together, so up to 0.5 s of trailing is allowed: burst + 1.5 * rate. Without the limit
+    # (or with a bucket ten times too large) a second holds hundreds of starts.
     j = 0
     worst = 0
     for i, t in enumerate(starts):
         while starts[j] < t - 1.0:
             j += 1
         worst = max(worst, i - j + 1)
-    assert worst <= burst + rate * 1.0 + 5, f"{worst} starts in one second (bucket allows {burst + rate})"
+    assert worst <= burst + rate * 1.5, f"{worst} starts in one second (bucket allows {burst + rate})"
     assert len(starts) < n, "the backlog drained: the limit did not hold"
     assert status["tokens"] is not None and 0 <= status["tokens"] <= burst
 
