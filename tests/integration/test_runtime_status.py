@@ -90,10 +90,17 @@ def test_waiting_counts_the_jobs_claimed_beyond_the_worker_slots(pg_dsn, schema,
         def claimer() -> dict:
             local = _status(pg_dsn, schema, home)["local"]
             return local["claimers"][0] if local else {}
-        # all 8 claimed at once, 2 running: 6 wait for a slot
-        c = wait_for(lambda: (lambda c: c if c.get("in_flight") == 8 else None)(claimer()), 20,
-                     "the claimer to hold all 8 jobs", interval=0.1, on_timeout=sup.tail)
-        assert c["waiting"] == 6, c
+        # all 8 claimed, 2 running: 6 wait for a slot (the gauge is published with the status,
+        # so the snapshot that first shows 8 held may predate the first two handlers' start)
+        seen: list[dict] = []
+
+        def held_with_six_waiting() -> dict | None:
+            c = claimer()
+            seen.append(c)
+            return c if c.get("in_flight") == 8 and c.get("waiting") == 6 else None
+        wait_for(held_with_six_waiting, 20, "the claimer to hold all 8 jobs with 6 waiting", interval=0.05,
+                 on_timeout=lambda: f"last snapshots: {seen[-3:]}\n{sup.tail()}")
+        assert all(c.get("waiting", 0) <= c.get("in_flight", 0) for c in seen), seen
         wait_for(lambda: counts(storage, conn).get("completed", 0) == 8, 30, "the jobs to complete")
         c = wait_for(lambda: (lambda c: c if c.get("completed") == 8 else None)(claimer()), 20, "the counters")
         assert (c["waiting"], c["in_flight"], c["handler"]["count"]) == (0, 0, 8), c
