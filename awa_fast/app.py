@@ -228,7 +228,8 @@ class App(AdminMixin, Client):
                     probe.close()
                 self._pool_obj = ConnectionPool(dsn, min_size=1, max_size=self.pool_size, open=True,
                                                 name=f"awa_fast:{self.storage.schema}",
-                                                kwargs={"application_name": self._application_name(), "autocommit": True})
+                                                kwargs={"application_name": self._application_name(),
+                                                        "autocommit": True})
             return self._pool_obj
 
     async def _apool(self) -> Any:

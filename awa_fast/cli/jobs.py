@@ -100,7 +100,6 @@ def cmd_queue(args: argparse.Namespace) -> int:
             _out(args, dict(s.to_dict(), counts=counts), text)
         elif args.action == "configure":
             from awa_fast.app import KEEP
-
             from awa_fast.limits import check_max_running, parse_rate
 
             deadline: Any = KEEP if args.deadline is None else (None if args.deadline == 0 else args.deadline)

@@ -229,7 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--concurrency", type=int, default=64)
     sp.add_argument("--stripes", type=int, default=2)
     sp.add_argument("--batch", type=int, default=0,
-                    help="claim batch of the bench's supervisor (default 0: the supervise default, sized from the backlog)")
+                    help="claim batch of the bench's supervisor "
+                         "(default 0: the supervise default, sized from the backlog)")
     sp.add_argument("--producers", type=int, default=10)
     sp.add_argument("--save", nargs="?", const=True, default=None, metavar="PATH",
                     help="also write the JSON: to PATH (a .json file or a directory), else to ./perf/results/")

@@ -513,7 +513,7 @@ class ShmSegment:
             leader_since=v[2],
             last_tick=v[3],
             role=ROLES[role] if role < len(ROLES) else f"unknown({role})",
-            totals=dict(zip(TOTALS, v[7:_RING_HEAD_LEN])),
+            totals=dict(zip(TOTALS, v[7:_RING_HEAD_LEN], strict=True)),
             rings=rings,
             torn=torn,
         )
