@@ -301,7 +301,7 @@ def registry_for(snapshot: Callable[[], dict[str, Any] | None],
                  gauges: StorageGauges | None = None) -> CollectorRegistry:
     """A registry holding only awa-fast's collector (no process or platform collectors)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ShmCollector(snapshot, gauges))  # type: ignore[arg-type]
+    registry.register(ShmCollector(snapshot, gauges))
     return registry
 
 

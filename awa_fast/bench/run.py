@@ -94,7 +94,7 @@ def settled_dead_tuples(dsn: str, schema: str, since: float, timeout: float = 15
 
 def schema_for(args: argparse.Namespace) -> str:
     """The schema a run drops and re-creates: ``bench_<scenario>``, or ``--schema`` when it starts with ``bench``."""
-    default = "bench_" + args.scenario.replace("-", "_")
+    default = "bench_" + str(args.scenario).replace("-", "_")
     if getattr(args, "schema_given", False) and args.schema:
         name = validate_schema(args.schema)
         if not name.startswith("bench"):
