@@ -123,6 +123,7 @@ class StorageGauges:
                     "depth": storage.queue_depth_fast(conn),
                     "dlq": storage.dlq_depth(conn),
                     "key_waiting": {q: s["waiting"] for q, s in storage.queue_key_status(conn).items()},
+                    "limits": storage.queue_limit_status(conn),
                     "dead_tuples": storage.dead_tuples(conn),
                     "leader": storage.leader_info(conn) is not None,
                 }
@@ -283,6 +284,7 @@ def _storage_metrics(g: StorageGauges) -> Iterator[Metric]:
     for q, n in sorted((v.get("key_waiting") or {}).items()):
         waiting.add_metric([q], float(n))
     yield waiting
+    yield from _limit_metrics(v.get("limits") or {})
     if "dead_tuples" in v:
         dead = GaugeMetricFamily(f"{PREFIX}_dead_tuples", "Dead tuples over the schema's tables (slow gauge).")
         dead.add_metric([], float(v["dead_tuples"]))
@@ -295,6 +297,31 @@ def _storage_metrics(g: StorageGauges) -> Iterator[Metric]:
                            "When the storage gauges were last read from the database.")
     at.add_metric([], g.refreshed_at)
     yield at
+
+
+def _limit_metrics(limits: dict[str, dict[str, Any]]) -> Iterator[Metric]:
+    """The fleet-wide flow-control state of the queues that have a limit (docs/flow-control.md)."""
+    cap = GaugeMetricFamily(f"{PREFIX}_queue_max_running", "The queue's max_running (queues that set one).",
+                            labels=["queue"])
+    running = GaugeMetricFamily(f"{PREFIX}_queue_running", "Attempts running on a limited queue, fleet-wide "
+                                "(open receipts and leases, as the claim counts them).", labels=["queue"])
+    rate = GaugeMetricFamily(f"{PREFIX}_queue_rate_limit_per_second", "The queue's max_rate in jobs per second.",
+                             labels=["queue"])
+    tokens = GaugeMetricFamily(f"{PREFIX}_queue_rate_tokens", "Tokens left in the queue's rate bucket.",
+                               labels=["queue"])
+    for q, st in sorted(limits.items()):
+        if st.get("max_running") is not None:
+            cap.add_metric([q], float(st["max_running"]))
+        running.add_metric([q], float(st.get("running", 0)))
+        r = st.get("rate")
+        if r is not None:
+            rate.add_metric([q], float(r["count"]) / float(r["per"]))
+        if st.get("tokens") is not None:
+            tokens.add_metric([q], float(st["tokens"]))
+    yield cap
+    yield running
+    yield rate
+    yield tokens
 
 
 def registry_for(snapshot: Callable[[], dict[str, Any] | None],
