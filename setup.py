@@ -90,10 +90,8 @@ class OptionalBuildExt(build_ext):
 
     def build_extensions(self) -> None:
         msvc = self.compiler.compiler_type == "msvc"
-        if DEBUG_EXT:
-            flags = ["/Od", "/Zi"] if msvc else ["-O0", "-g"]
-        else:
-            flags = ["/O2"] if msvc else ["-O2"]
+        release, debug = (["/O2"], ["/Od", "/Zi"]) if msvc else (["-O2"], ["-O0", "-g"])
+        flags = debug if DEBUG_EXT else release
         for ext in self.extensions:
             ext.extra_compile_args = [*ext.extra_compile_args, *flags]
         super().build_extensions()

@@ -226,7 +226,8 @@ class AdminMixin:
                        aging_interval: Any, enqueue_shards: Any, history_retention: Any) -> dict[str, Any]:
         validate_name("queue", name)
         kw: dict[str, Any] = {
-            "deadline": False if deadline is KEEP else (None if deadline in (None, 0) else seconds("deadline", deadline)),
+            "deadline": (False if deadline is KEEP
+                         else None if deadline in (None, 0) else seconds("deadline", deadline)),
             "heartbeat_timeout": None if heartbeat_timeout is None else seconds("heartbeat_timeout", heartbeat_timeout),
             "dlq_enabled": None if dlq is None else flag("dlq", dlq),
             "dlq_retention": None if dlq_retention is None else seconds("dlq_retention", dlq_retention),

@@ -228,7 +228,8 @@ class App(AdminMixin, Client):
                     probe.close()
                 self._pool_obj = ConnectionPool(dsn, min_size=1, max_size=self.pool_size, open=True,
                                                 name=f"awa_fast:{self.storage.schema}",
-                                                kwargs={"application_name": self._application_name(), "autocommit": True})
+                                                kwargs={"application_name": self._application_name(),
+                                                        "autocommit": True})
             return self._pool_obj
 
     async def _apool(self) -> Any:
@@ -405,6 +406,13 @@ class App(AdminMixin, Client):
                      unique: Unique | bool | None = ..., timeout: float | None = ...,
                      concurrency_key: str | Sequence[str | None] | None = ...) -> list[int]: ...
 
+    @overload
+    def enqueue_many(self, kind: str, args_list: Any, *, queue: str | None = ..., priority: int | None = ...,
+                     max_attempts: int | None = ..., metadata: Any = ..., conn: psycopg.Connection | None = ...,
+                     chunk: int = ..., progress: Any = ..., return_ids: bool = ...,
+                     unique: Unique | bool | None = ..., timeout: float | None = ...,
+                     concurrency_key: str | Sequence[str | None] | None = ...) -> int | list[int]: ...
+
     def enqueue_many(self, kind: str, args_list: Any, *, queue: str | None = None, priority: int | None = None,
                      max_attempts: int | None = None, metadata: Any = None,
                      conn: psycopg.Connection | None = None, chunk: int = 50_000, progress: Any = None,
@@ -559,7 +567,7 @@ class App(AdminMixin, Client):
         if kind is not None:
             if cron is None or name is not None:
                 raise ConfigError("app.periodic(name, cron, kind, args=None, ...): give the name once")
-            self._add_schedule(_periodic.declare(name_or_cron, cron, kind, args, **opts))  # type: ignore[arg-type]
+            self._add_schedule(_periodic.declare(name_or_cron, cron, kind, args, **opts))
             return self.schedules[name_or_cron]
         if cron is not None:
             raise ConfigError("app.periodic(name, cron, kind, ...) needs the kind; as a decorator use "
@@ -571,7 +579,7 @@ class App(AdminMixin, Client):
             kinds = [k for k, spec in self.registry.items() if spec.handler is fn]
             if len(kinds) != 1:
                 raise ConfigError("@app.periodic(...) goes above @app.job(...) on the same function")
-            self._add_schedule(_periodic.declare(name or kinds[0], expr, kinds[0], args, **opts))  # type: ignore[arg-type]
+            self._add_schedule(_periodic.declare(name or kinds[0], expr, kinds[0], args, **opts))
             return fn
 
         return decorate
@@ -592,7 +600,7 @@ if TYPE_CHECKING:
     from awa_fast.worker import QueuesArg, WorkerSummary
 
 
-def _call_key(kind: str, default: Any, args: Any) -> str | None:
+def _call_key(kind: str, default: str | Callable[[Any], str | None] | None, args: Any) -> str | None:
     """The kind's default concurrency key for ``args`` (a str as it is, a callable called)."""
     if not callable(default):
         return default

@@ -280,7 +280,7 @@ class Client:
                      conn: psycopg.Connection | None = None, chunk: int = 50_000,
                      progress: Any = None, return_ids: bool = False,
                      unique: _unique.Unique | bool | None = None,
-                     concurrency_key: str | Sequence[str | None] | None = None) -> Any:
+                     concurrency_key: str | Sequence[str | None] | None = None) -> int | list[int]:
         """Bulk-enqueue jobs of one kind by binary COPY; returns how many.
 
         ``concurrency_key``: one str for every job, or one key (or None) per
@@ -354,7 +354,7 @@ class Client:
         if keys is not None:
             got: list[int] = []
             kscope = conn.transaction() if conn.autocommit else contextlib.nullcontext()
-            async with kscope:  # type: ignore[attr-defined]
+            async with kscope:
                 for start in range(0, len(payloads), chunk):
                     got.extend(await self.storage.job_enqueue_keyed_many_async(
                         conn, q, prio, kind, payloads[start:start + chunk], m, attempts, keys[start:start + chunk]))
@@ -367,7 +367,7 @@ class Client:
         done = 0
         ids: list[int] | None = [] if return_ids else None
         scope = conn.transaction() if conn.autocommit else contextlib.nullcontext()
-        async with scope:  # type: ignore[attr-defined]
+        async with scope:
             for start in range(0, len(payloads), chunk):
                 part = payloads[start:start + chunk]
                 rng = await self.storage.job_enqueue_copy_async(conn, q, prio, kind, part, m, attempts)

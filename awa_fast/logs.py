@@ -92,7 +92,7 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
-            "ts": _dt.datetime.fromtimestamp(record.created, _dt.timezone.utc).isoformat(timespec="microseconds"),
+            "ts": _dt.datetime.fromtimestamp(record.created, _dt.UTC).isoformat(timespec="microseconds"),
             "level": record.levelname, "logger": record.name, "message": record.getMessage(),
             "pid": record.process,
         }

@@ -2,11 +2,11 @@
 
 Every scrape reads the supervisor's shared-memory segment: the claimers'
 status records (counters, gauges, histograms) and the ring section the
-maintenance process publishes (rings, prune outcomes, promotions, rescues). No database query runs per scrape. The storage gauges (queue
-depth from the lane heads, the DLQ size, dead tuples of the schema) come
-from :class:`StorageGauges`, a thread that refreshes them every
-``refresh_s`` seconds on its own connection, so a scrape storm costs the
-database nothing.
+maintenance process publishes (rings, prune outcomes, promotions, rescues).
+No database query runs per scrape. The storage gauges (queue depth from the
+lane heads, the DLQ size, dead tuples of the schema) come from
+:class:`StorageGauges`, a thread that refreshes them every ``refresh_s``
+seconds on its own connection, so a scrape storm costs the database nothing.
 
 The shared-memory histograms keep fixed buckets: 40 for durations (50 us to
 60 s, see :func:`awa_fast.runtime.shm.bucket_bounds`), 16 for job counts
@@ -328,7 +328,7 @@ def registry_for(snapshot: Callable[[], dict[str, Any] | None],
                  gauges: StorageGauges | None = None) -> CollectorRegistry:
     """A registry holding only awa-fast's collector (no process or platform collectors)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ShmCollector(snapshot, gauges))  # type: ignore[arg-type]
+    registry.register(ShmCollector(snapshot, gauges))
     return registry
 
 

@@ -101,7 +101,7 @@ def _traced(name: str, plain: Callable[..., Any]) -> Callable[..., Any]:
 
     def start(client: Any, a: tuple[Any, ...], kw: dict[str, Any]) -> Any:
         kind = a[0] if a else kw.get("kind")
-        args = a[1] if len(a) > 1 else kw.get("args_list" if many else "args")
+        args: Any = a[1] if len(a) > 1 else kw.get("args_list" if many else "args")
         queue = kw.get("queue")
         queue = queue if queue is not None else client.default_queue
         attrs: dict[str, Any] = {"messaging.system": SYSTEM, "messaging.destination.name": str(queue),

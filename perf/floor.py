@@ -157,7 +157,6 @@ def _drain_worker(dsn: str, lanes: list[int], per_lane: int, batch: int, fused: 
     conn = psycopg.connect(dsn, autocommit=True, application_name="awa_fast:floor")
     if decode == "msgspec":
         import msgspec
-
         from psycopg.adapt import Loader
         from psycopg.pq import Format
 
@@ -334,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
                               f"({r['seconds']:.2f}s, box busy {r['box_busy_fraction']:.0%})", file=sys.stderr)
         results["loadavg"] = [round(x, 2) for x in os.getloadavg()]
         results["cpu_count"] = os.cpu_count()
-        results["timestamp"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        results["timestamp"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         with psycopg.connect(dsn, autocommit=True) as c:
             c.execute("DROP SCHEMA floor CASCADE")
     finally:
@@ -351,7 +350,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"floor on PostgreSQL {version} ({settings}), {os.cpu_count()} CPUs")
         print(f"  COPY load: write_row {results['copy_write_row_jobs_per_s']:,.0f}/s, prebuilt buffer "
-              f"{results['copy_prebuilt_jobs_per_s']:,.0f}/s (building it: {results['copy_prebuilt_build_jobs_per_s']:,.0f}/s)")
+              f"{results['copy_prebuilt_jobs_per_s']:,.0f}/s "
+              f"(building it: {results['copy_prebuilt_build_jobs_per_s']:,.0f}/s)")
         print(f"  durable commits: {results['commits_per_s_1_client']:,.0f}/s with 1 client, "
               f"{results['commits_per_s_4_clients']:,.0f}/s with 4")
         for r in results["drain"]:

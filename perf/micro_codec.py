@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import sys
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any

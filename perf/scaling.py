@@ -58,7 +58,7 @@ def bench(dsn: str, scenario: str, *options: str, timeout: float) -> dict[str, A
     cmd = [sys.executable, "-m", "awa_fast.cli", "--log-level", "WARNING", "bench", scenario, "--json",
            "--dsn", dsn, "--schema", SCHEMA, *options]
     try:
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout,
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                               check=False)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f}s", "command": cmd[3:]}
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs < 1 or args.big_payload_jobs < 1 or args.repeat < 1 or args.rss_minutes < 0:
         p.error("--jobs, --big-payload-jobs and --repeat must be at least 1, --rss-minutes at least 0")
     dsn = resolve_dsn(args)
-    started = dt.datetime.now(dt.timezone.utc)
+    started = dt.datetime.now(dt.UTC)
     load_start = [round(x, 2) for x in os.getloadavg()]
     log(f"scaling: {args.jobs:,} jobs per point ({args.big_payload_jobs:,} at 64 KiB), repeat {args.repeat}, "
         f"RSS run {args.rss_minutes:g} min; loadavg {load_start}")
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     text = tables(runs, dims) + ("\n" + rss_table(rss) if rss is not None else "")
     result = {
         "bench": "scaling", "quick": args.quick, "timestamp": started.isoformat(timespec="seconds"),
-        "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "finished": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "loadavg_start": load_start, "loadavg": [round(x, 2) for x in os.getloadavg()],
         "cpu_count": os.cpu_count(), "base": BASE,
         "settings": {"jobs": args.jobs, "big_payload_jobs": args.big_payload_jobs, "repeat": args.repeat,

@@ -74,7 +74,7 @@ def bench_drain(args: argparse.Namespace, dsn: str, schema: str, srv: dict[str, 
     n = int(args.jobs)
     pad = payload_pad(args, {"n": n - 1})
     client = client_app(dsn, schema)
-    bar = ProgressBar("  enqueue", n)
+    bar = ProgressBar(n, "  enqueue")
     t0 = time.perf_counter()
     jobs = ({"n": i} for i in range(n)) if pad is None else ({"n": i, "pad": pad} for i in range(n))
     client.enqueue_many(KIND, jobs, queue=QUEUE, progress=bar.update, chunk=copy_chunk(args))
@@ -89,7 +89,7 @@ def bench_drain(args: argparse.Namespace, dsn: str, schema: str, srv: dict[str, 
         sup.start()
         sup.attach()
         cpu.supervisor = sup.pid
-        bar = ProgressBar("  drain", n)
+        bar = ProgressBar(n, "  drain")
         with connect(dsn, application_name="awa_fast:bench") as c:
             # first pickup: read min(claimed_at) as soon as the first receipt is committed
             give_up = time.monotonic() + 60.0
@@ -143,7 +143,7 @@ def bench_bulk_enqueue(args: argparse.Namespace, dsn: str, schema: str, srv: dic
         for p in payloads:
             p["pad"] = pad
     cpu = CpuMeter(srv["postmaster_pid"])
-    bar = ProgressBar("  enqueue", n)
+    bar = ProgressBar(n, "  enqueue")
     cpu.start()
     t0 = time.perf_counter()
     client.enqueue_many(KIND, payloads, queue=QUEUE, progress=bar.update, chunk=copy_chunk(args))

@@ -67,7 +67,7 @@ def bench_concurrent_insert(args: argparse.Namespace, dsn: str, schema: str,
     while time.time() < start_at:
         time.sleep(0.001)
     cpu.start()
-    bar = ProgressBar("  insert", seconds, "s")
+    bar = ProgressBar(seconds, "  insert", "s")
     while time.time() < stop_at:
         bar.update(time.time() - start_at)
         time.sleep(min(0.05, max(0.0, stop_at - time.time())))

@@ -112,7 +112,7 @@ def _latency_run(args: argparse.Namespace, dsn: str, schema: str, srv: dict[str,
             rss = RssSampler(sup, rss_every)
             rss.start()
         total_s = seconds + reclaim_s
-        bar = ProgressBar("  latency", total_s, "s")
+        bar = ProgressBar(total_s, "  latency", "s")
         t_run0 = time.time()
         steady_producer(client, rate, seconds, sent, progress=bar)
         if pinned:

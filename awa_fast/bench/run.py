@@ -79,7 +79,7 @@ def settled_dead_tuples(dsn: str, schema: str, since: float, timeout: float = 15
     """
     t0 = time.monotonic()
     with connect(dsn, application_name=_STATS_APP) as c:
-        since_ts = _dt.datetime.fromtimestamp(since, _dt.timezone.utc)
+        since_ts = _dt.datetime.fromtimestamp(since, _dt.UTC)
         while True:
             waited_for = probes.backends_started_since(c, since_ts, _STATS_APP)
             if not waited_for or time.monotonic() - t0 > timeout:
@@ -94,7 +94,7 @@ def settled_dead_tuples(dsn: str, schema: str, since: float, timeout: float = 15
 
 def schema_for(args: argparse.Namespace) -> str:
     """The schema a run drops and re-creates: ``bench_<scenario>``, or ``--schema`` when it starts with ``bench``."""
-    default = "bench_" + args.scenario.replace("-", "_")
+    default = "bench_" + str(args.scenario).replace("-", "_")
     if getattr(args, "schema_given", False) and args.schema:
         name = validate_schema(args.schema)
         if not name.startswith("bench"):
@@ -152,7 +152,7 @@ def run_bench(args: argparse.Namespace, dsn: str) -> int:
         "loadavg_start": load_start,
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
-        "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "timestamp": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "schema": schema,
         "settings": {"jobs": args.jobs, "rate": args.rate, "seconds": args.seconds,
                      "concurrency": args.concurrency, "stripes": args.stripes, "batch": args.batch,

@@ -15,9 +15,15 @@ import logging
 import os
 import pathlib
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from awa_fast.errors import ConfigError
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from awa_fast.app import App
+    from awa_fast.storage import Storage
 
 log = logging.getLogger("awa_fast.cli")
 
@@ -86,7 +92,7 @@ def _out(args: argparse.Namespace, data: Any, text: str | None = None) -> None:
         sys.stdout.write(text + ("\n" if text else ""))
 
 
-def _admin(args: argparse.Namespace):  # noqa: ANN202 - (App, Storage, Connection)
+def _admin(args: argparse.Namespace) -> tuple[App, Storage, psycopg.Connection]:
     """An App bound to the command's schema plus one checked autocommit connection."""
     from awa_fast.app import App
     from awa_fast.storage import connect

@@ -100,7 +100,6 @@ def cmd_queue(args: argparse.Namespace) -> int:
             _out(args, dict(s.to_dict(), counts=counts), text)
         elif args.action == "configure":
             from awa_fast.app import KEEP
-
             from awa_fast.limits import check_max_running, parse_rate
 
             deadline: Any = KEEP if args.deadline is None else (None if args.deadline == 0 else args.deadline)
@@ -158,11 +157,11 @@ def cmd_dlq(args: argparse.Namespace) -> int:
             raise ConfigError(f"dlq {args.action}: give --id ID (repeatable), --queue NAME, or both")
         ids = args.id or None
         if args.dry_run:
-            rows = storage.dlq_select(conn, ids, args.queue, 1_000_000)
+            selected = storage.dlq_select(conn, ids, args.queue, 1_000_000)
             verb = "retry" if args.action == "retry" else "purge"
-            _out(args, {f"would_{verb}": [r["job_id"] for r in rows]},
-                 "\n".join([f"would {verb} {len(rows)} jobs"] + [f"  {r['job_id']} {r['queue']} {r['kind']}: "
-                                                                 f"{r['reason'][:100]}" for r in rows]))
+            _out(args, {f"would_{verb}": [r["job_id"] for r in selected]},
+                 "\n".join([f"would {verb} {len(selected)} jobs"] + [f"  {r['job_id']} {r['queue']} {r['kind']}: "
+                                                                     f"{r['reason'][:100]}" for r in selected]))
             return 0
         if args.action == "retry":
             moved = app.dlq_retry(ids, args.queue, conn=conn)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from awa_fast import cron_cli, logs
@@ -31,7 +32,7 @@ def _job_id(text: str) -> int:
     return value
 
 
-def _int_range(low: int, high: int):  # noqa: ANN202
+def _int_range(low: int, high: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -78,8 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     def leaf(parent: Any, name: str, help_text: str, example: str, *, db: bool = True,
              json_flag: bool = True) -> argparse.ArgumentParser:
-        sp = parent.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".",
-                               epilog="example:\n  " + example, formatter_class=argparse.RawDescriptionHelpFormatter)
+        sp: argparse.ArgumentParser = parent.add_parser(
+            name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".",
+            epilog="example:\n  " + example, formatter_class=argparse.RawDescriptionHelpFormatter)
         sp.add_argument("--log-level", type=_log_levels, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         sp.add_argument("--log-format", type=logs.format_arg, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         if db:
@@ -229,7 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--concurrency", type=int, default=64)
     sp.add_argument("--stripes", type=int, default=2)
     sp.add_argument("--batch", type=int, default=0,
-                    help="claim batch of the bench's supervisor (default 0: the supervise default, sized from the backlog)")
+                    help="claim batch of the bench's supervisor "
+                         "(default 0: the supervise default, sized from the backlog)")
     sp.add_argument("--producers", type=int, default=10)
     sp.add_argument("--save", nargs="?", const=True, default=None, metavar="PATH",
                     help="also write the JSON: to PATH (a .json file or a directory), else to ./perf/results/")

@@ -91,8 +91,10 @@ def format_status(data: dict[str, Any]) -> str:
             lines.append(f"supervisor pid {sup.get('supervisor_pid')}:")
         totals = (sup.get("maintenance") or {}).get("totals")
         if totals:
-            lines.append(f"maintenance here ({sup['maintenance'].get('role')}): promoted {totals.get('promoted', 0)} "
-                         f"rescued {totals.get('rescued_receipt', 0)} (receipt) {totals.get('rescued_lease', 0)} (lease)")
+            lines.append(f"maintenance here ({sup['maintenance'].get('role')}): "
+                         f"promoted {totals.get('promoted', 0)} "
+                         f"rescued {totals.get('rescued_receipt', 0)} (receipt) "
+                         f"{totals.get('rescued_lease', 0)} (lease)")
         for c in sup.get("claimers", []):
             lines.append(f"claimer {c.get('queue')}#{c.get('stripe')} pid {c.get('pid')} {c.get('state')}: "
                          f"claimed {c.get('claimed')} completed {c.get('completed')} stale {c.get('stale')} "

@@ -18,8 +18,18 @@ caller's own transaction. Names follow the named queries in
 from awa_fast.storage.connection import clean_text, close_quietly, connect, redact_dsn
 from awa_fast.storage.copy_rows import encode_done_result_rows
 from awa_fast.storage.engine import DEFAULT_DEADLINE_S, Storage
-from awa_fast.storage.types import (CLOSE_CANCEL, CLOSE_COMPLETE, CLOSE_FAIL, CLOSE_RETRY, CLOSE_SNOOZE, JSONB_OID,
-                                    AttemptResult, LaneRange, RawJson, use_raw_jsonb)
+from awa_fast.storage.types import (
+    CLOSE_CANCEL,
+    CLOSE_COMPLETE,
+    CLOSE_FAIL,
+    CLOSE_RETRY,
+    CLOSE_SNOOZE,
+    JSONB_OID,
+    AttemptResult,
+    LaneRange,
+    RawJson,
+    use_raw_jsonb,
+)
 
 __all__ = [
     "CLOSE_CANCEL", "CLOSE_COMPLETE", "CLOSE_FAIL", "CLOSE_RETRY", "CLOSE_SNOOZE", "DEFAULT_DEADLINE_S", "JSONB_OID",

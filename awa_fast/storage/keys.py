@@ -65,9 +65,11 @@ class KeyLimitQueries:
         return int(row[0])
 
     def job_enqueue_keyed_many(self, conn: psycopg.Connection, queue: str, priority: int, kind: str,
-                               args: Sequence[RawJson], metadata: RawJson | None, max_attempts: int,
+                               args: Sequence[bytes], metadata: RawJson | None, max_attempts: int,
                                keys: Sequence[str | None]) -> list[int]:
         """Enqueue many jobs of one kind in one statement, ``keys[i]`` the key of ``args[i]`` (None: no key).
+
+        ``args`` are encoded JSON (plain ``bytes`` or :class:`RawJson`); all go as jsonb.
 
         Returns the job ids in order.
         """
@@ -78,7 +80,7 @@ class KeyLimitQueries:
         return [int(r[0]) for r in rows]
 
     async def job_enqueue_keyed_many_async(self, conn: psycopg.AsyncConnection, queue: str, priority: int,
-                                           kind: str, args: Sequence[RawJson], metadata: RawJson | None,
+                                           kind: str, args: Sequence[bytes], metadata: RawJson | None,
                                            max_attempts: int, keys: Sequence[str | None]) -> list[int]:
         """Async twin of :meth:`job_enqueue_keyed_many`."""
         if not args:

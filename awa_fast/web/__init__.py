@@ -90,7 +90,9 @@ def create_app(backend: Backend, *, token: str, read_only: bool = False) -> Star
         if not guard.csrf_ok(cookie, form.get("csrf") or request.headers.get("x-csrf-token")):
             raise Forbidden(403, "missing or wrong CSRF value; reload the page and try again")
 
-    def action(fn: Callable[[Request, dict[str, str]], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    def action(
+        fn: Callable[[Request, dict[str, str]], Awaitable[Response]],
+    ) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
             form = await form_of(request)
             try:

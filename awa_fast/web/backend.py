@@ -105,7 +105,8 @@ class Backend:
             point["failed_per_s"] = max(0, totals["failed"] - self._last_totals["failed"]) / dt
         if self._last_hist is not None:
             for which in ("pickup", "e2e"):
-                delta = [max(0, a - b) for a, b in zip(hist.get(which, []), self._last_hist.get(which, []))]
+                delta = [max(0, a - b)
+                         for a, b in zip(hist.get(which, []), self._last_hist.get(which, []), strict=False)]
                 if sum(delta):
                     pct = histogram_percentiles(delta, (0.5, 0.95))
                     for q in ("p50", "p95"):

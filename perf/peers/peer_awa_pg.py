@@ -19,9 +19,8 @@ import time
 from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
-
 import awa  # noqa: E402
+import common  # noqa: E402
 
 QUEUE = "bench"
 RECORDS: list = []

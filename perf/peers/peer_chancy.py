@@ -20,7 +20,6 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
-
 import psycopg  # noqa: E402
 from chancy import Chancy, Queue, Worker, job  # noqa: E402
 

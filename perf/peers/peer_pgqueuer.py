@@ -17,9 +17,8 @@ import time
 from datetime import timedelta
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
-
 import asyncpg  # noqa: E402
+import common  # noqa: E402
 from pgqueuer.db import AsyncpgDriver  # noqa: E402
 from pgqueuer.qm import QueueManager  # noqa: E402
 from pgqueuer.queries import Queries  # noqa: E402

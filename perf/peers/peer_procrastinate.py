@@ -19,7 +19,6 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
-
 import procrastinate  # noqa: E402
 
 logging.getLogger("procrastinate").setLevel(logging.ERROR)
@@ -119,7 +118,8 @@ def main() -> int:
         starts = w.stop()
         done, how = common.done_times(args.dsn, "procrastinate_events", "job_id", "at", "type = 'succeeded'")
         res = common.latency_summary(sent, starts, done, elapsed)
-        res["method"] = f"pickup: handler start - enqueue ack; e2e: procrastinate_events 'succeeded', {how} - enqueue ack"
+        res["method"] = ("pickup: handler start - enqueue ack; "
+                         f"e2e: procrastinate_events 'succeeded', {how} - enqueue ack")
     res.update({"peer": "procrastinate", "scenario": args.scenario, "settings": settings})
     common.emit(res)
     return 0

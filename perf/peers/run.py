@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         base = {"host": host, "port": port}
     main_url = url(base, "postgres")
     results: dict[str, Any] = {
-        "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "timestamp": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "cpu_count": os.cpu_count(), "loadavg_start": [round(x, 2) for x in os.getloadavg()],
         "peers": [q for q in peers if pythons.get(q)], "peer_versions": notes, "systems": {"awa-fast": {}},
         "settings": {k: v for k, v in vars(a).items() if k not in ("dsn",)},

@@ -7,6 +7,12 @@ positive numbers. The whole module stays well under a minute.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import threading
+import uuid
 
 import pytest
 
@@ -76,3 +82,37 @@ def test_refuses_a_non_bench_schema(capsys, pg_dsn):
     code = main(["bench", "bulk-enqueue", "--dsn", pg_dsn, "--schema", "awa_fast", "--jobs", "10"])
     assert code == 2
     assert "does not start with 'bench'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("scenario", "bar"), [("drain", "  drain ["), ("concurrent-insert", "  insert [")])
+def test_progress_bars_on_a_terminal(pg_dsn, scenario, bar):
+    """With stderr on a terminal the bench draws its bars (label, then the count of the total) and still succeeds."""
+    master, slave = os.openpty()
+    drawn = bytearray()
+
+    def read_terminal() -> None:
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # EIO once the child and our copy of the slave end are closed
+                return
+            if not chunk:
+                return
+            drawn.extend(chunk)
+
+    reader = threading.Thread(target=read_terminal, daemon=True)
+    reader.start()
+    schema = "bench_t_" + uuid.uuid4().hex[:10]
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "awa_fast.cli", "--log-level", "WARNING", "bench", scenario, "--dsn", pg_dsn,
+             "--schema", schema, "--json", *SMALL],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=slave, timeout=300, check=False)
+    finally:
+        os.close(slave)
+    reader.join(timeout=30)
+    os.close(master)
+    text = drawn.decode(errors="replace")
+    assert proc.returncode == 0, text[-2000:]
+    assert json.loads(proc.stdout.decode().strip().splitlines()[-1])["scenario"] == scenario
+    assert bar in text, text[-2000:]

@@ -194,7 +194,7 @@ class RingSnapshot:
         return asdict(self)
 
 
-assert tuple(RingState.__slots__) == RING_FIELDS  # type: ignore[attr-defined]  # the section's field order
+assert tuple(RingState.__slots__) == RING_FIELDS  # the section's field order
 
 
 # -- a claimer's status record ---------------------------------------------------------

@@ -261,13 +261,22 @@ class _SkipOne:
 
 
 def _untracked(name: str, action: Any) -> Any:
+    # shared_memory's module-level `resource_tracker` (its import of multiprocessing.resource_tracker) is what
+    # SharedMemory() calls; typeshed does not declare it, hence the attr-defined ignores.
     with _TRACKER_LOCK:
-        real = _shm_mod.resource_tracker
-        _shm_mod.resource_tracker = _SkipOne(real, "/" + name)  # type: ignore[assignment]
+        real = _shm_mod.resource_tracker  # type: ignore[attr-defined]
+        _shm_mod.resource_tracker = _SkipOne(real, "/" + name)  # type: ignore[attr-defined]
         try:
             return action()
         finally:
-            _shm_mod.resource_tracker = real
+            _shm_mod.resource_tracker = real  # type: ignore[attr-defined]
+
+
+def _buf_of(shm: _shm_mod.SharedMemory, name: str) -> memoryview:
+    buf = shm.buf  # None only once closed
+    if buf is None:
+        raise ShmError(f"shared-memory segment {name!r} is closed")
+    return buf
 
 
 def _attach_untracked(name: str) -> _shm_mod.SharedMemory:
@@ -307,7 +316,7 @@ class ShmSegment:
             shm = _shm_mod.SharedMemory(name=name, create=True, size=size)
         except FileExistsError:
             raise ShmError(f"shared-memory segment {name!r} already exists") from None
-        buf = shm.buf
+        buf = _buf_of(shm, name)
         now = time.time()
         for i, (queue, stripe) in enumerate(claimers):
             off = CLAIMERS_OFFSET + i * RECORD_SIZE
@@ -348,7 +357,8 @@ class ShmSegment:
     def _validate(name: str, shm: _shm_mod.SharedMemory) -> int:
         if shm.size < HEADER_SIZE:
             raise ShmLayoutError(name, f"only {shm.size} bytes, smaller than the {HEADER_SIZE}-byte header")
-        magic, version, n, hsize, rsize, recsize, buckets, size, _, pid, sbuckets = HEADER.unpack_from(shm.buf, 0)
+        buf = _buf_of(shm, name)
+        magic, version, n, hsize, rsize, recsize, buckets, size, _, pid, sbuckets = HEADER.unpack_from(buf, 0)
         if magic != MAGIC:
             raise ShmLayoutError(name, f"magic {magic!r}, expected {MAGIC!r}")
         if version != LAYOUT_VERSION:
@@ -478,12 +488,12 @@ class ShmSegment:
                 if totals and key in totals:
                     v[7 + i] = self._totals_base[i] + int(totals[key])
             for r, ring in enumerate(RINGS):
-                fields = rings.get(ring)
-                if fields:
+                given = rings.get(ring)
+                if given:
                     start = _RING_HEAD_LEN + r * nf
                     for i, key in enumerate(RING_FIELDS):
-                        if key in fields:
-                            value = fields[key]
+                        if key in given:
+                            value = given[key]
                             if key in RING_FLOATS:
                                 v[start + i] = float(value)
                             elif key.startswith("total_"):
@@ -513,7 +523,7 @@ class ShmSegment:
             leader_since=v[2],
             last_tick=v[3],
             role=ROLES[role] if role < len(ROLES) else f"unknown({role})",
-            totals=dict(zip(TOTALS, v[7:_RING_HEAD_LEN])),
+            totals=dict(zip(TOTALS, v[7:_RING_HEAD_LEN], strict=True)),
             rings=rings,
             torn=torn,
         )

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from shop.orders import place_order
 
 from awa_fast.testing import assert_enqueued, assert_not_enqueued, drain, work_one
-from shop.orders import place_order
 
 
 def test_placing_an_order_enqueues_its_follow_up_jobs(awa_app, db):
