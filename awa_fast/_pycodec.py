@@ -172,7 +172,7 @@ def _walk(obj: object, depth: int, max_depth: int, trail: list[Any]) -> bool:
     if t is float:
         if isfinite(obj):  # type: ignore[arg-type]
             return False
-        trail.append(f"float {float.__repr__(obj)} is not valid JSON (NaN and infinities are not allowed)")  # type: ignore[arg-type]
+        trail.append(f"float {float.__repr__(obj)} is not valid JSON (NaN and infinities are not allowed)")
         return True
     if t is list or t is tuple:
         if depth >= max_depth:
@@ -259,9 +259,9 @@ def _as_int(value: object, what: str, typ: str) -> int:
             raise _int_type_error(what, value)
         value = _index(value)  # type: ignore[arg-type]
     lo, hi = _RANGES[typ]
-    if not lo <= value <= hi:  # type: ignore[operator]
-        raise _overflow(what, value, typ)  # type: ignore[arg-type]
-    return value  # type: ignore[return-value]
+    if not lo <= value <= hi:
+        raise _overflow(what, value, typ)
+    return value
 
 
 def _text_bytes(value: object, what: str) -> bytes:
@@ -269,7 +269,7 @@ def _text_bytes(value: object, what: str) -> bytes:
         if not isinstance(value, str):
             raise _text_type_error(what, value)
         value = str.__str__(value)
-    data = value.encode()  # type: ignore[union-attr]
+    data = value.encode()
     if b"\x00" in data:
         raise _text_nul_error(what)
     return data

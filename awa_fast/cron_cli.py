@@ -24,7 +24,7 @@ from awa_fast.errors import AwaFastError, ConfigError, DatabaseUnavailable
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``cron`` subcommand to an ``argparse`` subparsers object; returns its parser."""
-    sp = subparsers.add_parser("cron", help="list, pause, resume or trigger periodic jobs")
+    sp: argparse.ArgumentParser = subparsers.add_parser("cron", help="list, pause, resume or trigger periodic jobs")
     sp.add_argument("action", choices=["list", "pause", "resume", "trigger"])
     sp.add_argument("name", nargs="?", help="schedule name (pause, resume, trigger)")
     sp.add_argument("--dsn", help="PostgreSQL DSN (default: AWA_FAST_DSN, DATABASE_URL, else embedded)")
@@ -50,7 +50,7 @@ def _iso(value: Any) -> Any:
     return value.isoformat() if isinstance(value, _dt.datetime) else value
 
 
-def next_fire(row: dict[str, Any], now: _dt.datetime) -> _dt.datetime | None:
+def next_fire(row: dict[str, Any], now: _dt.datetime | None) -> _dt.datetime | None:
     """The next tick a schedule will fire (due now when it is not after ``now``); None when inactive."""
     if not row["enabled"] or row["paused"]:
         return None

@@ -34,12 +34,15 @@ import datetime as _dt
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import psycopg
 
 from awa_fast.errors import ConfigError
+
+if TYPE_CHECKING:
+    from awa_fast.storage import Storage
 
 log = logging.getLogger("awa_fast.periodic")
 
@@ -105,9 +108,9 @@ def previous_tick(cron: str, tz: str, at: _dt.datetime) -> _dt.datetime | None:
     it = cronsim.CronSim(ALIASES.get(cron.strip().lower(), cron), local + _dt.timedelta(microseconds=1),
                          reverse=True)
     for t in it:
-        t = t.astimezone(_dt.UTC)
-        if t <= at:
-            return t
+        tick: _dt.datetime = t.astimezone(_dt.UTC)
+        if tick <= at:
+            return tick
     return None
 
 
@@ -249,7 +252,8 @@ def app_source(app: Any) -> str:
     return str(ref) if ref else "code"
 
 
-def sync_schedules(conn: psycopg.Connection, storage: Any, app: Any, source: str | None = None) -> dict[str, list[str]]:
+def sync_schedules(conn: psycopg.Connection, storage: Storage, app: Any,
+                   source: str | None = None) -> dict[str, list[str]]:
     """Upsert the app's declared schedules and disable its schedules that left the code.
 
     Called once when a supervisor or worker starts (a one-line hook). Only
@@ -276,7 +280,7 @@ def sync_schedules(conn: psycopg.Connection, storage: Any, app: Any, source: str
     return out
 
 
-def sync_app_schedules(conn: psycopg.Connection, storage: Any, app_or_ref: Any) -> dict[str, list[str]]:
+def sync_app_schedules(conn: psycopg.Connection, storage: Storage, app_or_ref: Any) -> dict[str, list[str]]:
     """:func:`sync_schedules` for an App or a ``module:attr`` reference (the supervisor's hook)."""
     app = app_or_ref
     source = None
@@ -291,7 +295,7 @@ def sync_app_schedules(conn: psycopg.Connection, storage: Any, app_or_ref: Any) 
 # -- evaluation (the maintenance leader) ----------------------------------------------------
 
 
-def evaluate_due(storage: Any, conn: psycopg.Connection,
+def evaluate_due(storage: Storage, conn: psycopg.Connection,
                  on_fire: Callable[[str, Fire, str, int | None], None] | None = None) -> int:
     """Fire every due tick of every active schedule; returns how many jobs were enqueued.
 
@@ -303,10 +307,12 @@ def evaluate_due(storage: Any, conn: psycopg.Connection,
     return evaluate(storage, conn, on_fire)[0]
 
 
-def evaluate(storage: Any, conn: psycopg.Connection,
+def evaluate(storage: Storage, conn: psycopg.Connection,
              on_fire: Callable[[str, Fire, str, int | None], None] | None = None) -> tuple[int, int]:
     """:func:`evaluate_due`, also returning how many active schedules there are."""
     now, rows = storage.schedule_due_list(conn)
+    if now is None:  # no active schedule
+        return 0, 0
     enqueued = 0
     for name, cron, tz, missed, cap, anchor, last in rows:
         start = anchor if last is None or anchor > last else last
@@ -344,7 +350,7 @@ class _Stop(Exception):
     pass
 
 
-def trigger(storage: Any, conn: psycopg.Connection, name: str) -> tuple[str, int | None]:
+def trigger(storage: Storage, conn: psycopg.Connection, name: str) -> tuple[str, int | None]:
     """Fire a schedule once now, outside its tick chain (``awa-fast cron trigger``)."""
     return storage.schedule_fire(conn, name, None, None, 0, "", "", True)
 
@@ -355,7 +361,7 @@ _sweep_busy: dict[str, bool] = {}
 IDLE_EVALUATE_INTERVAL_S = 2.0
 
 
-def leader_step(storage: Any, conn: psycopg.Connection) -> None:
+def leader_step(storage: Storage, conn: psycopg.Connection) -> None:
     """The maintenance leader's hook, called every loop; runs each part on its own cadence.
 
     Evaluates due schedules every :data:`EVALUATE_INTERVAL_S` (every
@@ -390,5 +396,5 @@ def leader_step(storage: Any, conn: psycopg.Connection) -> None:
         _sweep_busy[schema] = busy or swept > 0
 
 
-__all__ = ["ALIASES", "Fire", "Schedule", "declare", "due_fires", "evaluate", "evaluate_due", "leader_step", "normalize_cron",
-           "previous_tick", "sync_app_schedules", "sync_schedules", "ticks_after", "trigger"]
+__all__ = ["ALIASES", "Fire", "Schedule", "declare", "due_fires", "evaluate", "evaluate_due", "leader_step",
+           "normalize_cron", "previous_tick", "sync_app_schedules", "sync_schedules", "ticks_after", "trigger"]

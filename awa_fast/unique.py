@@ -23,12 +23,15 @@ import hashlib
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import psycopg
 
 from awa_fast.errors import AwaFastError, ConfigError
+
+if TYPE_CHECKING:
+    from awa_fast.storage import Storage
 
 log = logging.getLogger("awa_fast.unique")
 
@@ -162,7 +165,7 @@ def _check(unique: Any) -> Unique:
     return unique
 
 
-def enqueue_one(storage: Any, conn: psycopg.Connection, unique: Any, queue: str, priority: int, kind: str,
+def enqueue_one(storage: Storage, conn: psycopg.Connection, unique: Any, queue: str, priority: int, kind: str,
                 args: Any, metadata: Any, max_attempts: int, run_at: Any, delay: float | None) -> int:
     """Enqueue one unique job; raise :class:`UniqueConflict` (nothing written) if its key is held."""
     u = _check(unique)
@@ -173,7 +176,7 @@ def enqueue_one(storage: Any, conn: psycopg.Connection, unique: Any, queue: str,
     return job
 
 
-async def enqueue_one_async(storage: Any, conn: psycopg.AsyncConnection, unique: Any, queue: str, priority: int,
+async def enqueue_one_async(storage: Storage, conn: psycopg.AsyncConnection, unique: Any, queue: str, priority: int,
                             kind: str, args: Any, metadata: Any, max_attempts: int, run_at: Any,
                             delay: float | None) -> int:
     """Async twin of :func:`enqueue_one`."""
@@ -191,7 +194,7 @@ def _plan(u: Unique, kind: str, payloads: Sequence[Any], queue: str) -> tuple[li
     return keys, dedupe(keys)
 
 
-def enqueue_many(storage: Any, conn: psycopg.Connection, unique: Any, queue: str, priority: int, kind: str,
+def enqueue_many(storage: Storage, conn: psycopg.Connection, unique: Any, queue: str, priority: int, kind: str,
                  payloads: Sequence[Any], metadata: Any, max_attempts: int, chunk: int,
                  progress: Any) -> UniqueManyResult:
     """Enqueue unique jobs, skipping duplicates within ``payloads`` and keys held by other jobs."""
@@ -215,7 +218,7 @@ def enqueue_many(storage: Any, conn: psycopg.Connection, unique: Any, queue: str
     return UniqueManyResult(len(ids), len(payloads) - len(ids), ids)
 
 
-async def enqueue_many_async(storage: Any, conn: psycopg.AsyncConnection, unique: Any, queue: str, priority: int,
+async def enqueue_many_async(storage: Storage, conn: psycopg.AsyncConnection, unique: Any, queue: str, priority: int,
                              kind: str, payloads: Sequence[Any], metadata: Any, max_attempts: int, chunk: int,
                              progress: Any) -> UniqueManyResult:
     """Async twin of :func:`enqueue_many`."""
@@ -226,7 +229,7 @@ async def enqueue_many_async(storage: Any, conn: psycopg.AsyncConnection, unique
     ids: list[int] = []
     done = 0
     scope = conn.transaction() if conn.autocommit else contextlib.nullcontext()
-    async with scope:  # type: ignore[attr-defined]
+    async with scope:
         for start in range(0, len(keep), chunk):
             part = keep[start:start + chunk]
             rows = await storage.job_enqueue_unique_many_async(
@@ -248,7 +251,7 @@ SWEEP_BUDGET_S = 0.25
 _sweep_position: dict[str, tuple[bytes, int] | None] = {}
 
 
-def sweep_once(storage: Any, conn: psycopg.Connection, batch: int = SWEEP_BATCH,
+def sweep_once(storage: Storage, conn: psycopg.Connection, batch: int = SWEEP_BATCH,
                budget_s: float = SWEEP_BUDGET_S) -> tuple[int, bool]:
     """Delete stale unique keys for up to ``budget_s`` seconds (the leader's step); returns ``(swept, busy)``.
 

@@ -366,7 +366,7 @@ def run_worker(app: App, queues: QueuesArg = None, *, maintenance: bool = True, 
                           "install_signal_handlers=False and call app.stop_worker() to drain it")
     worker = build_worker(app, queues, maintenance=maintenance, until_empty=until_empty,
                           drain_timeout=drain_timeout, poll_interval=poll_interval, listen=listen)
-    previous: dict[int, Any] = {}
+    previous: dict[signal.Signals, Any] = {}
     try:
         if install_signal_handlers:
             for sig in (signal.SIGINT, signal.SIGTERM):

@@ -4,6 +4,7 @@
     python3 tools/dev.py demo     # the main job, on the embedded PostgreSQL
     python3 tools/dev.py test     # the whole test suite, under each implementation (C, then Python)
     python3 tools/dev.py setup    # only create .venv and install
+    python3 tools/dev.py lint     # ruff on the checkout, mypy --strict on the package
 
 It creates ``.venv`` beside this checkout (with ``venv``, or ``virtualenv``
 where ``venv`` is missing), installs the package in editable mode with the
@@ -83,7 +84,7 @@ def install() -> None:
     pip_env = dict(os.environ)
     if os.environ.get("CI"):
         pip_env["AWA_FAST_REQUIRE_EXT"] = "1"  # a broken extension build must fail CI, not fall back
-    extras = f".[{extra},test,perf,metrics,web,browser-test,cron,otel,proctitle]"
+    extras = f".[{extra},test,lint,perf,metrics,web,browser-test,cron,otel,proctitle]"
     print(f"dev.py: installing awa-fast{extras[1:]} into {VENV} (the first run takes a few minutes: it builds the "
           "Cython extension" + (" and psycopg's C implementation" if extra == "c" else "") + "; pip shows each step)",
           flush=True)
@@ -119,8 +120,23 @@ def cmd_test(extra: list[str]) -> int:
     return 0
 
 
+def cmd_lint(extra: list[str]) -> int:
+    """``ruff check .`` and ``mypy`` (the package, strict), both configured in pyproject.toml.
+
+    Both run even when the first fails, so one run lists every error; non-zero when either found one.
+    Extra arguments go to ruff (``lint --statistics``).
+    """
+    env = env_without_venv_leaks()
+    ruff = run([PY, "-m", "ruff", "check", *extra, "."], cwd=ROOT, env=env)
+    mypy = run([PY, "-m", "mypy"], cwd=ROOT, env=env)
+    if ruff or mypy:
+        print(f"dev.py: lint failed (ruff exit {ruff}, mypy exit {mypy})", flush=True)
+        return 1
+    return 0
+
+
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("demo", "test", "setup"):
+    if not argv or argv[0] not in ("demo", "test", "setup", "lint"):
         print(__doc__)
         return 2
     install()
@@ -128,6 +144,8 @@ def main(argv: list[str]) -> int:
         return 0
     if argv[0] == "demo":
         return run([PY, "-m", "awa_fast.demo", *argv[1:]], cwd=ROOT, env=env_without_venv_leaks())
+    if argv[0] == "lint":
+        return cmd_lint(argv[1:])
     return cmd_test(argv[1:])
 
 

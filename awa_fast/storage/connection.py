@@ -77,7 +77,7 @@ def redact_dsn(dsn: str) -> str:
         return "<unparseable DSN>"
     if "password" in params:
         params["password"] = "***"
-    return make_conninfo(**{k: v for k, v in params.items() if v is not None})
+    return make_conninfo("", **{k: v for k, v in params.items() if v is not None})
 
 
 def _first_line(exc: BaseException) -> str:

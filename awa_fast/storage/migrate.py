@@ -70,7 +70,7 @@ def schema_version(conn: psycopg.Connection, schema: str) -> int:
     if not row or not row[0]:
         return 0
     row = conn.execute(render("SELECT max(version) FROM __SCHEMA__.schema_migrations", schema)).fetchone()
-    return int(row[0] or 0)
+    return int(row[0] or 0) if row else 0
 
 
 def migrate(dsn_or_conn: str | psycopg.Connection, schema: str = "awa_fast",
@@ -85,7 +85,7 @@ def migrate(dsn_or_conn: str | psycopg.Connection, schema: str = "awa_fast",
     validate_schema(schema)
     rings = rings or RingSizes()
     own = isinstance(dsn_or_conn, str)
-    conn = psycopg.connect(dsn_or_conn, autocommit=True) if own else dsn_or_conn
+    conn = psycopg.connect(dsn_or_conn, autocommit=True) if isinstance(dsn_or_conn, str) else dsn_or_conn
     try:
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(hashtext('awa_fast:migrate'), hashtext(%s))", (schema,))

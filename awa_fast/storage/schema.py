@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from importlib import resources
 
 from awa_fast.errors import InvalidName
@@ -79,7 +79,7 @@ def latest_version() -> int:
     return migrations()[-1].version
 
 
-@lru_cache(maxsize=None)
+@cache
 def named_queries(schema: str) -> dict[str, str]:
     """Named queries from ``queries.sql`` (``-- name: noun_verb``), rendered for ``schema``."""
     text = resources.files("awa_fast.sql").joinpath("queries.sql").read_text("utf-8")

@@ -547,7 +547,7 @@ def open_claims(conn: psycopg.Connection, schema: str, clock: str = "now()") -> 
     """
     assert clock in ("now()", "clock_timestamp()"), clock
     s = f'"{schema}"'
-    return [(int(j), int(l), float(age)) for j, l, age in q(conn, f"""
+    return [(int(j), int(rl), float(age)) for j, rl, age in q(conn, f"""
         SELECT u.j, u.l, extract(epoch FROM {clock} - COALESCE(a.heartbeat_at, c.claimed_at))::float8
         FROM {s}.lease_claims c
         CROSS JOIN LATERAL unnest(c.job_ids, c.run_leases) AS u(j, l)
@@ -661,8 +661,8 @@ def check_invariants(conn: psycopg.Connection, schema: str, expect: Expect,
         problems.append(f"{len(enq)} jobs enqueued per audit, expected {expect.committed} committed")
     term_rows = q(conn, f"SELECT job_id, run_lease, attempt, state FROM {a}.terminal")
     per_job: dict[int, list[tuple[int, int, str]]] = defaultdict(list)
-    for j, l, att, st in term_rows:
-        per_job[int(j)].append((int(l), int(att), st))
+    for j, rl, att, st in term_rows:
+        per_job[int(j)].append((int(rl), int(att), st))
     dup = {j: v for j, v in per_job.items() if len(v) > 1}
     if dup:
         problems.append(f"{len(dup)} jobs have more than one terminal record, e.g. {list(dup.items())[:3]}")
@@ -700,18 +700,19 @@ def check_invariants(conn: psycopg.Connection, schema: str, expect: Expect,
     # 3. no write from a stale (job_id, run_lease) landed; stale attempts counted. A rescue that
     #    exhausts the attempts writes the terminal record itself, in its own transaction: that one is
     #    not stale; any other terminal record of a rescued attempt is.
-    rescued_tx = {(int(j), int(l)): int(t) for j, l, t in
+    rescued_tx = {(int(j), int(rl)): int(t) for j, rl, t in
                   q(conn, f"SELECT job_id, run_lease, txid FROM {a}.closures WHERE outcome = 7")}
     rescued = set(rescued_tx)
     figures["rescued_attempts"] = len(rescued)
-    by_rescue = {(int(j), int(l)) for j, l, t in q(conn, f"SELECT job_id, run_lease, txid FROM {a}.terminal")
-                 if rescued_tx.get((int(j), int(l))) == int(t)}
-    stale_writes = [(j, l) for j, v in per_job.items() for l, _, _ in v if (j, l) in rescued and (j, l) not in by_rescue]
+    by_rescue = {(int(j), int(rl)) for j, rl, t in q(conn, f"SELECT job_id, run_lease, txid FROM {a}.terminal")
+                 if rescued_tx.get((int(j), int(rl))) == int(t)}
+    stale_writes = [(j, rl) for j, v in per_job.items() for rl, _, _ in v
+                    if (j, rl) in rescued and (j, rl) not in by_rescue]
     if stale_writes:
         problems.append(f"terminal records written by rescued (stale) attempts: {stale_writes[:5]}")
-    claimed = {(int(j), int(l)) for j, l in q(conn, f"SELECT job_id, run_lease FROM {a}.claims")}
-    unclaimed_terminal = [(j, l, st) for j, v in per_job.items() for l, _, st in v
-                          if (j, l) not in claimed and st != "cancelled"]
+    claimed = {(int(j), int(rl)) for j, rl in q(conn, f"SELECT job_id, run_lease FROM {a}.claims")}
+    unclaimed_terminal = [(j, rl, st) for j, v in per_job.items() for rl, _, st in v
+                          if (j, rl) not in claimed and st != "cancelled"]
     if unclaimed_terminal:
         problems.append(f"terminal records for attempts never claimed: {unclaimed_terminal[:5]}")
     execs = read_exec_log(exec_log) if exec_log is not None else []
@@ -734,11 +735,11 @@ def check_invariants(conn: psycopg.Connection, schema: str, expect: Expect,
         if final[j][1] < need:
             problems.append(f"job {j} was rescued {n}x but ended at attempt {final[j][1]} (expected >= {need})")
     cut = {(e.job_id, e.run_lease) for e in starts if e.pid in expect.killed_pids}
-    ended = {(j, l) for j, v in per_job.items() for l, _, _ in v}
+    ended = {(j, rl) for j, v in per_job.items() for rl, _, _ in v}
     reexec = 0
-    for j, l in cut - ended:
-        if j in final and final[j][0] <= l:
-            problems.append(f"job {j}: attempt run_lease {l} was cut by a kill but the job ended at run_lease "
+    for j, rl in cut - ended:
+        if j in final and final[j][0] <= rl:
+            problems.append(f"job {j}: attempt run_lease {rl} was cut by a kill but the job ended at run_lease "
                             f"{final[j][0]} (no re-execution)")
         else:
             reexec += 1

@@ -219,7 +219,7 @@ class ChaosProxy:
         self._ready.set()
         try:
             await asyncio.wait_for(self._server.serve_forever(), self.max_lifetime)
-        except (asyncio.TimeoutError, asyncio.CancelledError):
+        except (TimeoutError, asyncio.CancelledError):
             pass
         finally:
             await self._shutdown()

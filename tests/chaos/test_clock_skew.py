@@ -205,7 +205,7 @@ def test_skewed_workers_use_the_database_clock(pg, obs, tmp_path, shim, shift):
 
         # heartbeats are stamped by the database: never in its future, never older than the timeout
         assert hb_ages, "no open attempt was ever sampled"
-        assert -0.01 <= min(hb_ages) and max(hb_ages) < HB_TIMEOUT, (min(hb_ages), max(hb_ages))
+        assert min(hb_ages) >= -0.01 and max(hb_ages) < HB_TIMEOUT, (min(hb_ages), max(hb_ages))
         # and they kept alive attempts that outlived the timeout (database clock on both sides)
         lived = [float(x) for (x,) in q(obs, f"""
             SELECT extract(epoch FROM t.at - c.at)::float8 FROM {a}.claims c JOIN {a}.terminal t USING (job_id)

@@ -27,8 +27,8 @@ from tests.chaos.chaos_helpers import (
     terminal_count,
     wait_terminal,
 )
-from tests.fixtures.waiting import wait_for
 from tests.chaos.proxy import ChaosProxy
+from tests.fixtures.waiting import wait_for
 
 SCHEMA_PREFIX = "net"  # schema names of this module (the conftest fixture `schema`)
 
@@ -90,7 +90,8 @@ def test_drop_every_connection_under_load(pg, proxy, obs, schema, tmp_path):
     assert t_progress < 5.0, t_progress
     figures = check_invariants(obs, schema, Expect(n, {"completed": n}), sup.exec_log, sup.stale_rejected(),
                                supervisors_stopped=True)
-    record_figures("proxy_drop_all_1s", progress_after_heal_s=round(t_progress, 2), all_done_after_heal_s=round(t_all, 2),
+    record_figures("proxy_drop_all_1s", progress_after_heal_s=round(t_progress, 2),
+                   all_done_after_heal_s=round(t_all, 2),
                    outage_s=round(t_heal - t_drop, 2), refused=proxy.stats["refused"],
                    child_restarts=sup.log().count("restarting in"), **figures)
 
@@ -222,8 +223,8 @@ def test_delay_and_jitter(pg, proxy, obs, schema, tmp_path):
                                sup.stale_rejected(), supervisors_stopped=True)
     # no rescue may fire just because the network is slow (heartbeats every 0.5 s, timeout 2 s)
     assert figures["rescued_attempts"] == 0, figures
-    record_figures("proxy_delay_20ms_jitter_15ms", jobs_per_s_direct=round(base_rate), jobs_per_s_delayed=round(slow_rate),
-                   **figures)
+    record_figures("proxy_delay_20ms_jitter_15ms", jobs_per_s_direct=round(base_rate),
+                   jobs_per_s_delayed=round(slow_rate), **figures)
 
 
 def test_lost_commit_ack_of_a_completion_batch(pg, proxy, obs, schema, tmp_path):

@@ -34,7 +34,6 @@ from tests.chaos.chaos_helpers import (
 )
 from tests.fixtures.waiting import wait_for
 
-
 SCHEMA_PREFIX = "kills"  # schema names of this module (the conftest fixture `schema`)
 
 
@@ -162,7 +161,8 @@ def test_kill9_maintenance_leader_mid_prune(pg, obs, schema, tmp_path):
         wait_terminal(obs, schema, n + 200 + m, 30)
 
         def sealed_claim_slots_pruned() -> bool:
-            cur = scalar(obs, f"SELECT slot FROM {s}.ring_rotations WHERE ring = 'claim' ORDER BY generation DESC LIMIT 1")
+            cur = scalar(obs, f"SELECT slot FROM {s}.ring_rotations WHERE ring = 'claim' "
+                              "ORDER BY generation DESC LIMIT 1")
             gen = scalar(obs, f"SELECT max(generation) FROM {s}.ring_rotations WHERE ring = 'claim'")
             rows = sum(scalar(obs, f"SELECT count(*) FROM {s}.lease_claims_{i}") for i in slots if i != cur)
             return gen > gen0 and rows == 0

@@ -9,12 +9,12 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from pathlib import Path
 
 import psycopg
 import pytest
 
 from awa_fast.storage import Storage
-
 from tests.chaos.chaos_helpers import (
     QUEUE,
     Expect,
@@ -38,7 +38,6 @@ from tests.chaos.chaos_helpers import (
     wait_terminal,
 )
 from tests.fixtures.waiting import wait_for
-
 
 SCHEMA_PREFIX = "srv"  # schema names of this module (the conftest fixture `schema`)
 
@@ -139,7 +138,8 @@ def _diagnose(obs: psycopg.Connection, sup: Supervise, schema: str = "") -> None
                       AND g.last_seq > pg_sequence_last_value(h.claim_seq) - 5) AS segs
             FROM {s}.queue_claim_heads h JOIN {s}.queue_enqueue_heads e USING (lane_id) ORDER BY 1"""):
             print("[diag] lane", row)
-        print("[diag] rings", q(obs, f"SELECT ring, generation, slot FROM {s}.ring_rotations ORDER BY ring, generation"))
+        print("[diag] rings", q(obs, f"SELECT ring, generation, slot FROM {s}.ring_rotations "
+                                     "ORDER BY ring, generation"))
         for slot in range(4):
             print("[diag] ready slot", slot, q(obs, f"SELECT lane_id, count(*), min(lane_seq), max(lane_seq) FROM "
                                                    f"{s}.ready_entries_{slot} GROUP BY 1"))
@@ -149,9 +149,10 @@ def _diagnose(obs: psycopg.Connection, sup: Supervise, schema: str = "") -> None
     for name, pid in sup.children().items():
         for tid in sorted(os.listdir(f"/proc/{pid}/task")) if os.path.exists(f"/proc/{pid}/task") else []:
             try:
-                comm = open(f"/proc/{pid}/task/{tid}/comm").read().strip()
-                wchan = open(f"/proc/{pid}/task/{tid}/wchan").read().strip()
-                stat = open(f"/proc/{pid}/task/{tid}/stat").read().rsplit(")", 1)[1].split()[0]
+                task = Path(f"/proc/{pid}/task/{tid}")
+                comm = (task / "comm").read_text().strip()
+                wchan = (task / "wchan").read_text().strip()
+                stat = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
             except OSError:
                 continue
             print(f"[diag] {name} pid {pid} thread {tid} {comm} {stat} {wchan}")

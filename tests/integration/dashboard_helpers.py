@@ -39,7 +39,7 @@ class DashboardServer:
                 raise AssertionError("the dashboard server did not start")
             time.sleep(0.02)
         sock = self.server.servers[0].sockets[0]
-        self.url = "http://127.0.0.1:%d" % sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
 
     def close(self) -> None:
         self.server.should_exit = True

@@ -119,7 +119,7 @@ class Resize:
 
 
 def test_typed_args_encode_as_json_and_keep_every_safety_check(app, conn):
-    at = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
+    at = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
     ref = uuid.UUID("12345678-1234-5678-1234-567812345678")
     one = app.enqueue("api.email", Email("a@b.c", at, ref, decimal.Decimal("1.50")), queue=Q)
     two = app.enqueue("api.resize", Resize("x.png", 64, dt.date(2026, 1, 2)), queue=Q)

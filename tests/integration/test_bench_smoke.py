@@ -7,7 +7,6 @@ positive numbers. The whole module stays well under a minute.
 
 from __future__ import annotations
 
-
 import pytest
 
 from awa_fast.cli import main

@@ -21,10 +21,10 @@ import pytest
 pytest.importorskip("starlette", reason="the [web] extra is not installed")
 
 import awa_fast  # noqa: E402
-from tests.integration.dashboard_helpers import CHROMIUM, CHROMIUM_ARGS, DashboardServer  # noqa: E402
 from tests.fixtures.database import connect  # noqa: E402
 from tests.fixtures.supervisor import SupervisorProc  # noqa: E402
 from tests.fixtures.waiting import wait_for  # noqa: E402
+from tests.integration.dashboard_helpers import CHROMIUM, CHROMIUM_ARGS, DashboardServer  # noqa: E402
 from tests.integration.runtime_helpers import QUEUE, enqueue_bulk, enqueue_one  # noqa: E402
 
 SCREENSHOTS = pathlib.Path(os.environ.get("AWA_FAST_SCREENSHOTS_DIR", "")) if os.environ.get(

@@ -211,7 +211,7 @@ def test_concurrent_start_from_two_processes(
         p.stdin.write("go\n")
         p.stdin.flush()
     results = [p.communicate(timeout=120) for p in procs]
-    for p, (out, err) in zip(procs, results):
+    for p, (_out, err) in zip(procs, results):
         assert p.returncode == 0, err
     assert results[0][0].strip() == results[1][0].strip() == c.dsn
     assert c.running()

@@ -208,7 +208,8 @@ def test_systemd_unit_execstart_runs_and_drains_on_sigterm_within_timeoutstopsec
     drain = float(argv[argv.index("--drain-timeout") + 1])
     stop_timeout = float(svc["TimeoutStopSec"][0])
     assert stop_timeout > drain + _SUPERVISOR_MARGIN
-    assert svc["KillSignal"] == ["SIGTERM"] and svc["KillMode"] == ["mixed"] and svc["RestartPreventExitStatus"] == ["2"]
+    assert svc["KillSignal"] == ["SIGTERM"] and svc["KillMode"] == ["mixed"]
+    assert svc["RestartPreventExitStatus"] == ["2"]
     cmd = _with_app(argv)
     if subprocess.run(["sh", "-c", "command -v systemd-analyze"], capture_output=True).returncode == 0:
         # systemd's own parser, on the unit as written but for this venv's binary

@@ -205,7 +205,7 @@ def test_rate_bucket_charges_claimed_jobs_on_the_database_clock(pg_dsn, schema, 
     time.sleep(0.3)
     again = len(_claim(storage, conn, 100)[0])
     elapsed = sqlx_all(conn, schema, clock)[0][0] - t0
-    assert 2 <= again and 4 + again <= 4 + 10 * elapsed + 1e-6, (again, elapsed)
+    assert again >= 2 and 4 + again <= 4 + 10 * elapsed + 1e-6, (again, elapsed)
     # max_running and rate together: the smaller allowance wins
     storage.queue_limits_set(conn, Q, max_running=8, max_rate=KEEP)
     time.sleep(1.0)
@@ -349,7 +349,8 @@ def test_hot_key_backlog_does_not_delay_a_cold_key_under_supervisors(pg_dsn, sch
                 enqueued_at = sqlx_all(conn, schema, "SELECT extract(epoch FROM clock_timestamp())::float8")[0][0]
             # the receipt first: the claim ring rotates fast and its pruning drops closed receipts
             claimed_at = wait_for(lambda: sqlx_all(conn, schema, "SELECT extract(epoch FROM claimed_at)::float8 "
-                                                                  "FROM __SCHEMA__.lease_claims WHERE %s = ANY(job_ids)",
+                                                                  "FROM __SCHEMA__.lease_claims "
+                                                                  "WHERE %s = ANY(job_ids)",
                                                     (cold,)), 30, "the cold job's claim", on_timeout=sups[0].tail)[0][0]
             started = wait_for(lambda: sqlx_all(conn, schema, "SELECT extract(epoch FROM started_at)::float8 "
                                                                "FROM __SCHEMA__.flow_runs WHERE job_id = %s",

@@ -73,7 +73,7 @@ def returns_none(job: Any) -> None:
 
 @app.job("rp.struct", queue=QUEUE)
 def returns_struct(job: Any) -> Any:
-    return Receipt(order=7, at=_dt.datetime(2026, 12, 1, 9, 30, tzinfo=_dt.timezone.utc))
+    return Receipt(order=7, at=_dt.datetime(2026, 12, 1, 9, 30, tzinfo=_dt.UTC))
 
 
 @app.job("rp.list", queue=QUEUE)
@@ -125,7 +125,7 @@ def test_snapshot_decoders_fill_the_trailing_progress_field(impl):
     import importlib
 
     codec = importlib.import_module("awa_fast._codec" if impl == "c" else "awa_fast._pycodec")
-    now = _dt.datetime.now(_dt.timezone.utc)
+    now = _dt.datetime.now(_dt.UTC)
     base = (1, 1, 1, 3, "q", "k", 2, b"{}", None, 0, 1, 1, 0, 9, now, None, None)
     old_row, new_row = codec.decode_snapshots([base, (*base, b'{"pct":5}')])
     assert old_row.progress is None and new_row.progress == b'{"pct":5}'

@@ -31,13 +31,13 @@ from awa_fast.errors import OutOfRange, PayloadError
 from awa_fast.jobs import Job
 from awa_fast.runtime.attempts import AttemptTable
 from awa_fast.runtime.heartbeat import Heartbeat, HeartbeatConfig
-from awa_fast.storage import RawJson, use_raw_jsonb
+from awa_fast.storage import RawJson
 from awa_fast.storage.migrate import migrate
 from awa_fast.storage.schema import migrations, render
-from tests.integration.runtime_apps_hardening import CANCEL_QUEUE
 from tests.fixtures.database import sqlx_all
 from tests.fixtures.supervisor import SupervisorProc
 from tests.fixtures.waiting import wait_for
+from tests.integration.runtime_apps_hardening import CANCEL_QUEUE
 from tests.integration.runtime_helpers import (
     QUEUE,
     RunLog,
@@ -206,11 +206,11 @@ def test_a_bad_progress_value_is_refused_in_its_handler_and_spares_the_others(pg
 
 
 def test_set_progress_checks_like_enqueue_and_has_a_size_limit() -> None:
-    from awa_fast.jobs import ClaimSnapshot
-
     import datetime as dt
 
-    snap = ClaimSnapshot(1, 1, 1, 1, "q", "k", 2, b"{}", None, 0, 1, 1, 0, 1, dt.datetime.now(dt.timezone.utc))
+    from awa_fast.jobs import ClaimSnapshot
+
+    snap = ClaimSnapshot(1, 1, 1, 1, "q", "k", 2, b"{}", None, 0, 1, 1, 0, 1, dt.datetime.now(dt.UTC))
     job = Job(snap)
     job.set_progress({"ok": [1, 2.5, "x"]})
     assert bytes(job._progress) == b'{"ok":[1,2.5,"x"]}'  # noqa: SLF001 - encoded once, at the call

@@ -166,7 +166,7 @@ def _assert_nobody_else_may_execute(pg_dsn: str, r: dict[str, str]) -> None:
                 row = su.execute("SELECT has_function_privilege(%s, %s::oid, 'EXECUTE')", (role, oid)).fetchone()
                 assert row is not None and row[0] is expected, (role, name)
     with psycopg.connect(r["stranger_dsn"], autocommit=True) as c:
-        for _, name, call in funcs:
+        for _, _name, call in funcs:
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 c.execute(call)
 
@@ -180,7 +180,8 @@ def test_no_function_is_executable_without_a_grant(pg_dsn: str, roles) -> None:
 
 
 def test_upgrade_regrants_roles_of_an_earlier_runtime_grant(pg_dsn: str, roles) -> None:
-    """A schema at version 4 with a role granted then: migration 6 (and whatever follows) applies the new rules to it."""
+    """A schema at version 4 with a role granted then: migration 6 (and whatever follows) applies the new rules
+    to it."""
     r = roles
     schema = r["schema"]
     with psycopg.connect(r["owner_dsn"], autocommit=True) as c, c.transaction():
@@ -299,7 +300,8 @@ def test_functions_of_a_later_migration_are_not_executable_by_public(pg_dsn: str
     import awa_fast.storage.migrate as mig
     from awa_fast.storage.schema import Migration
 
-    body = "-- compatible-with-previous: yes\nCREATE FUNCTION __SCHEMA__.later_fn() RETURNS int LANGUAGE sql AS $$ SELECT 1 $$;"
+    body = ("-- compatible-with-previous: yes\n"
+            "CREATE FUNCTION __SCHEMA__.later_fn() RETURNS int LANGUAGE sql AS $$ SELECT 1 $$;")
     later = (*migrations(), Migration(len(migrations()) + 1, "later", body))
     monkeypatch.setattr(mig, "migrations", lambda: later)
     monkeypatch.setattr(mig, "latest_version", lambda: later[-1].version)

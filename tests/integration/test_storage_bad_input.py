@@ -179,7 +179,7 @@ def test_naive_run_at_is_rejected(pg_dsn, bschema, bconn, queue):
 
 
 def test_run_at_and_delay_together_are_rejected(pg_dsn, bschema, bconn, queue):
-    aware = dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)
+    aware = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
     rejected(pg_dsn, bschema, bconn, queue,
              lambda cli, p: cli.enqueue("k", {}, queue=queue, run_at=aware, delay=5, conn=p), PayloadError)
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 import threading
 import time
 
-import pytest
-
 from awa_fast.client import PRIORITY_DEFAULT, Client
 from awa_fast.jobs import ClaimSnapshot
 from awa_fast.storage import Storage

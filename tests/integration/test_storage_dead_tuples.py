@@ -91,7 +91,8 @@ def _ledger(conn, schema: str, ring: str) -> dict[str, int]:
     """Rows per leaf of one ring's rotation ledger."""
     out = {}
     for b in (0, 1):
-        out[f"ring_rotations_{ring}_{b}"] = int(scalar(conn, schema, f"SELECT count(*) FROM __SCHEMA__.ring_rotations_{ring}_{b}"))
+        leaf = f"ring_rotations_{ring}_{b}"
+        out[leaf] = int(scalar(conn, schema, f"SELECT count(*) FROM __SCHEMA__.{leaf}"))
     return out
 
 

@@ -551,7 +551,7 @@ def test_no_rescue_of_fresh_attempts(schema, storage, conn):
 
 
 def test_promotion_of_due_deferred_jobs(schema, storage, conn):
-    run_at = dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)
+    run_at = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
     a = enqueue(schema, conn, Q, {"a": 1}, run_at=run_at)
     b = enqueue(schema, conn, Q, {"b": 1}, delay=600)
     c = enqueue(schema, conn, Q, {"c": 1}, delay=0)  # not deferred

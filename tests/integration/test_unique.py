@@ -409,7 +409,7 @@ class UniqueMachine(RuleBasedStateMachine):
                     try:
                         self.client.enqueue("sm", {"key": key}, unique=Unique(), conn=self.obs)
                     except UniqueConflict as exc:  # pragma: no cover - the failure being tested for
-                        raise AssertionError(f"released key {key} still conflicts with {exc.existing_job_id}")
+                        raise AssertionError(f"released key {key} still conflicts with {exc.existing_job_id}") from exc
                     raise _Rollback
             except _Rollback:
                 pass

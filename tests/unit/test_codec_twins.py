@@ -255,6 +255,6 @@ def test_constant_values() -> None:
 
 def test_pyx_parser_reads_typed_headers() -> None:
     # the .pyx functions are untyped today; a typed header must read the same
-    fn = ast.parse("def f(" + ", ".join(_pyx_param(p) for p in "object obj, int max_depth=32".split(",")) + "): pass")
+    fn = ast.parse("def f(" + ", ".join(_pyx_param(p) for p in "object obj, int max_depth=32".split(",")) + "): pass")  # noqa: SIM905
     assert _from_ast(fn.body[0])[0] == [  # type: ignore[arg-type]
         ("obj", "POSITIONAL_OR_KEYWORD", ""), ("max_depth", "POSITIONAL_OR_KEYWORD", "32")]

@@ -51,7 +51,7 @@ def decoded(obj: object) -> object:
 
 
 def test_typed_values_encode_as_msgspec_would():
-    at = dt.datetime(2026, 5, 6, 7, 8, 9, 123000, tzinfo=dt.timezone.utc)
+    at = dt.datetime(2026, 5, 6, 7, 8, 9, 123000, tzinfo=dt.UTC)
     order = Order(uuid.UUID(int=1), at, decimal.Decimal("9.99"), [Point(1.5, 2.0)])
     assert decoded(order) == msgspec.json.decode(msgspec.json.encode(order))
     assert decoded(order) == {"id": "00000000-0000-0000-0000-000000000001", "at": "2026-05-06T07:08:09.123000Z",
@@ -133,7 +133,8 @@ def test_argument_validation_happens_before_any_connection():
                  lambda: app.list_jobs(limit=0), lambda: app.list_jobs(limit=10_001),
                  lambda: app.list_jobs(before_id=0), lambda: app.dlq_list(limit=-1),
                  lambda: app.wait(1, timeout=math.nan), lambda: app.dlq_purge([0]),
-                 lambda: app.configure_queue("q", enqueue_shards=0), lambda: app.enqueue_many("k", [{}], queue="q", chunk=0)):
+                 lambda: app.configure_queue("q", enqueue_shards=0),
+                 lambda: app.enqueue_many("k", [{}], queue="q", chunk=0)):
         with pytest.raises(OutOfRange):
             call()
     for call in (lambda: app.list_jobs(state="done"), lambda: app.dlq_retry(), lambda: app.dlq_purge(),

@@ -20,8 +20,6 @@ import pytest
 
 from awa_fast.errors import InvalidName
 from awa_fast.runtime import shm
-from awa_fast.runtime.shm import histogram, layout, records
-from awa_fast.runtime.shm import segment as shm_segment
 from awa_fast.runtime.shm import (
     ClaimerRecord,
     ShmError,
@@ -30,12 +28,16 @@ from awa_fast.runtime.shm import (
     ShmRing,
     bucket_bounds,
     bucket_index,
+    histogram,
     histogram_percentiles,
+    layout,
     prune_outcome_counts,
     read_locator,
+    records,
     remove_locator,
     write_locator,
 )
+from awa_fast.runtime.shm import segment as shm_segment
 
 FORK = multiprocessing.get_context("fork")
 DEV_SHM = pathlib.Path("/dev/shm")
