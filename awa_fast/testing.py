@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     import pytest
 
     from awa_fast.app import App
-    from awa_fast.jobs import ClaimSnapshot, Job
+    from awa_fast.jobs import Job
     from awa_fast.outcomes import Outcome, Unwritten
 
 __all__ = ["DrainResult", "WorkResult", "assert_enqueued", "assert_not_enqueued", "bind", "drain", "drain_async",
@@ -223,8 +223,16 @@ class _Inline:
                           error, None if isinstance(exc, _NoHandler) else exc, token)
 
     def _outcome(self, job: Job, result: object) -> Outcome | Unwritten:
-        from awa_fast.outcomes import COMPLETED, Cancel, CloseCode, Outcome, RetryAfter, Snooze, Unwritten
-        from awa_fast.outcomes import WaitForCallback
+        from awa_fast.outcomes import (
+            COMPLETED,
+            Cancel,
+            CloseCode,
+            Outcome,
+            RetryAfter,
+            Snooze,
+            Unwritten,
+            WaitForCallback,
+        )
         from awa_fast.runtime.handler_outcome import error_text
 
         if result is None:

@@ -38,8 +38,14 @@ from awa_fast.jobs import Job, JobSpec, attempt_timeout
 from awa_fast.outcomes import CloseCode, Outcome, Unwritten
 from awa_fast.runtime.attempts import AttemptTable, Key
 from awa_fast.runtime.batcher import CompletionBatcher
-from awa_fast.runtime.handler_outcome import (error_text, failure_text, one_line, returned_outcome, timeout_text,
-                                              unknown_kind_text)
+from awa_fast.runtime.handler_outcome import (
+    error_text,
+    failure_text,
+    one_line,
+    returned_outcome,
+    timeout_text,
+    unknown_kind_text,
+)
 
 log = logging.getLogger("awa_fast.claimer")
 

@@ -195,7 +195,7 @@ class Heartbeat:
             log.error("heartbeat of %d attempts failed: %s", len(jobs), first, extra={"action": "heartbeat_error"})
             raise _BatchFailed(str(first)) from first
         results = self._send(jobs, [None] * len(jobs))
-        for job, p in zip(jobs, progress):
+        for job, p in zip(jobs, progress, strict=True):
             if p is None:
                 continue
             try:

@@ -16,10 +16,7 @@ log = logging.getLogger("awa_fast.loader")
 
 def _cwd_on_path() -> bool:
     cwd = os.getcwd()
-    for entry in sys.path:
-        if entry in ("", ".") or (entry and os.path.abspath(entry) == cwd):
-            return True
-    return False
+    return any(entry in ("", ".") or (entry and os.path.abspath(entry) == cwd) for entry in sys.path)
 
 
 def _make_importable(module_name: str) -> None:

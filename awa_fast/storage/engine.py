@@ -29,14 +29,13 @@ import psycopg
 from awa_fast import _impl
 from awa_fast.errors import ConfigError, SchemaNotMigrated, SchemaTooNew
 from awa_fast.jobs import ClaimSnapshot
+from awa_fast.limits import KEEP as _LIMIT_KEEP
 from awa_fast.storage.connection import clean_text
 from awa_fast.storage.copy_rows import encode_done_result_rows
 from awa_fast.storage.keys import KeyLimitQueries
 from awa_fast.storage.schema import latest_version, named_queries, render, validate_schema
 from awa_fast.storage.sessions import SessionQueries
 from awa_fast.storage.types import AttemptResult, LaneRange, RawJson, as_jsonb
-
-from awa_fast.limits import KEEP as _LIMIT_KEEP
 
 if TYPE_CHECKING:
     from awa_fast.limits import QueueLimits
@@ -47,10 +46,14 @@ if TYPE_CHECKING:
 _MAX_DEADLINE_S = 10 * 365 * 86400.0
 DEFAULT_DEADLINE_S = 3600.0  # queue_meta.deadline default (sql/0005_runtime_hardening.sql)
 
-_READY_COPY = "COPY __SCHEMA__.ready_entries_{slot} (ready_slot, lane_id, lane_seq, job_id, kind, args, metadata, attempt, max_attempts, lease_base) FROM STDIN (FORMAT binary)"
-_DONE_COPY = "COPY __SCHEMA__.done_entries (ready_slot, job_id, lane_id, lane_seq, run_lease, attempt, state, queue, kind) FROM STDIN (FORMAT binary)"
-_DONE_RESULT_COPY = "COPY __SCHEMA__.done_entries (ready_slot, job_id, lane_id, lane_seq, run_lease, attempt, state, queue, kind, result) FROM STDIN (FORMAT binary)"
-_CLOSURE_COPY = "COPY __SCHEMA__.lease_claim_closures (claim_slot, claim_id, job_id, run_lease, outcome) FROM STDIN (FORMAT binary)"
+_READY_COPY = ("COPY __SCHEMA__.ready_entries_{slot} (ready_slot, lane_id, lane_seq, job_id, kind, args, metadata,"
+               " attempt, max_attempts, lease_base) FROM STDIN (FORMAT binary)")
+_DONE_COPY = ("COPY __SCHEMA__.done_entries (ready_slot, job_id, lane_id, lane_seq, run_lease, attempt, state, queue,"
+              " kind) FROM STDIN (FORMAT binary)")
+_DONE_RESULT_COPY = ("COPY __SCHEMA__.done_entries (ready_slot, job_id, lane_id, lane_seq, run_lease, attempt, state,"
+                     " queue, kind, result) FROM STDIN (FORMAT binary)")
+_CLOSURE_COPY = ("COPY __SCHEMA__.lease_claim_closures (claim_slot, claim_id, job_id, run_lease, outcome)"
+                 " FROM STDIN (FORMAT binary)")
 
 
 class Storage(KeyLimitQueries, SessionQueries):
@@ -207,7 +210,7 @@ class Storage(KeyLimitQueries, SessionQueries):
         stale_set: set[tuple[int, int]] = set()
         if closed:
             gone = {int(cid) for cid, j, _ in closed if j is None}
-            closed_attempts = {(int(j), int(l)) for _, j, l in closed if j is not None}
+            closed_attempts = {(int(j), int(lease)) for _, j, lease in closed if j is not None}
             stale_set = {(s.job_id, s.run_lease) for s in snapshots
                          if s.claim_id in gone or (s.job_id, s.run_lease) in closed_attempts}
             live = [s for s in snapshots if (s.job_id, s.run_lease) not in stale_set]
@@ -239,7 +242,7 @@ class Storage(KeyLimitQueries, SessionQueries):
         if not wanted:
             return set()
         rows = conn.execute(self.q["attempts_completed"], ([j for j, _ in wanted],)).fetchall()
-        return {(int(j), int(l)) for j, l in rows} & wanted
+        return {(int(j), int(lease)) for j, lease in rows} & wanted
 
     def receipt_lock(self, conn: psycopg.Connection, claim_ids: Iterable[int]) -> None:
         """Take the receipts' advisory locks in ascending order (within the current transaction).
@@ -266,7 +269,7 @@ class Storage(KeyLimitQueries, SessionQueries):
             [s.lane_seq for s in snapshots], [s.attempt for s in snapshots],
             [s.queue for s in snapshots], [s.kind for s in snapshots],
             [(s.job_id, s.run_lease) in ws for s in snapshots])).fetchall()
-        return sorted((int(j), int(l)) for j, l in rows)
+        return sorted((int(j), int(lease)) for j, lease in rows)
 
     # -- results, progress, history retention (migration 0005) ------------------
 
@@ -293,7 +296,7 @@ class Storage(KeyLimitQueries, SessionQueries):
             leased = [it for it in items if it[1]]
             if leased:
                 snaps = [it[0] for it in leased]
-                stale += [(int(j), int(l)) for j, l in conn.execute(self.q["receipt_complete_results"], (
+                stale += [(int(j), int(lease)) for j, lease in conn.execute(self.q["receipt_complete_results"], (
                     [s.claim_slot for s in snaps], [s.claim_id for s in snaps],
                     [s.job_id for s in snaps], [s.run_lease for s in snaps],
                     [s.ready_slot for s in snaps], [s.lane_id for s in snaps],
@@ -314,7 +317,7 @@ class Storage(KeyLimitQueries, SessionQueries):
         stale: set[tuple[int, int]] = set()
         if closed:
             gone = {int(cid) for cid, j, _ in closed if j is None}
-            closed_attempts = {(int(j), int(l)) for _, j, l in closed if j is not None}
+            closed_attempts = {(int(j), int(lease)) for _, j, lease in closed if j is not None}
             stale = {(s.job_id, s.run_lease) for s, _, _ in items
                      if s.claim_id in gone or (s.job_id, s.run_lease) in closed_attempts}
             live = [it for it in items if (it[0].job_id, it[0].run_lease) not in stale]
@@ -362,7 +365,7 @@ class Storage(KeyLimitQueries, SessionQueries):
             [s.claim_slot for s, _, _, _ in items], [s.claim_id for s, _, _, _ in items],
             [o for _, o, _, _ in items], [d for _, _, d, _ in items],
             [clean_text(e) for _, _, _, e in items])).fetchall()
-        return [AttemptResult(int(j), int(l), st) for j, l, st in rows]
+        return [AttemptResult(int(j), int(lease), st) for j, lease, st in rows]
 
     def attempt_heartbeat(self, conn: psycopg.Connection, snapshots: Sequence[ClaimSnapshot],
                           progress: Sequence[RawJson | None] | None = None) -> list[AttemptResult]:
@@ -377,7 +380,7 @@ class Storage(KeyLimitQueries, SessionQueries):
         rows = conn.execute(self.q["attempt_heartbeat"], (
             [s.job_id for s in snapshots], [s.run_lease for s in snapshots],
             [s.claim_slot for s in snapshots], [s.claim_id for s in snapshots], list(progress))).fetchall()
-        return [AttemptResult(int(j), int(l), st) for j, l, st in rows]
+        return [AttemptResult(int(j), int(lease), st) for j, lease, st in rows]
 
     def attempt_register_callback(self, conn: psycopg.Connection, snapshot: ClaimSnapshot,
                                   timeout: float) -> uuid.UUID | None:
@@ -520,12 +523,13 @@ class Storage(KeyLimitQueries, SessionQueries):
         """Settings of every known queue; ``deadline_s`` is None when the queue has no deadline."""
         keys = ("queue", "paused", "stripes", "enqueue_shards", "dlq_enabled", "deadline_s", "heartbeat_timeout_s",
                 "history_retention_s")
-        return [dict(zip(keys, r)) for r in conn.execute(self.q["queue_list"]).fetchall()]
+        return [dict(zip(keys, r, strict=False)) for r in conn.execute(self.q["queue_list"]).fetchall()]
 
     def dlq_list(self, conn: psycopg.Connection, queue: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
         """DLQ entries, newest first."""
         keys = ("job_id", "queue", "kind", "attempt", "max_attempts", "reason", "failed_at", "args")
-        return [dict(zip(keys, r)) for r in conn.execute(self.q["dlq_list"], {"queue": queue, "limit": limit})]
+        rows = conn.execute(self.q["dlq_list"], {"queue": queue, "limit": limit})
+        return [dict(zip(keys, r, strict=False)) for r in rows]
 
     def dlq_retry(self, conn: psycopg.Connection, job_ids: Sequence[int] | None = None,
                   queue: str | None = None) -> list[int]:
@@ -612,7 +616,7 @@ class Storage(KeyLimitQueries, SessionQueries):
         keys = ("job_id", "queue", "kind", "priority", "args", "metadata", "state", "run_at")
         out = []
         for r in conn.execute(self.q["job_pending_list"], {"kind": kind, "queue": queue}).fetchall():
-            d = dict(zip(keys, r))
+            d = dict(zip(keys, r, strict=False))
             for k in ("args", "metadata"):
                 if isinstance(d[k], (bytes, bytearray, memoryview)):
                     d[k] = orjson.loads(bytes(d[k]))
@@ -942,7 +946,7 @@ class Storage(KeyLimitQueries, SessionQueries):
         rows = conn.execute(self.q["schedule_list"]).fetchall()
         if not rows:
             return self.db_now(conn), []
-        return rows[0][0], [dict(zip(keys, r[1:])) for r in rows]
+        return rows[0][0], [dict(zip(keys, r[1:], strict=False)) for r in rows]
 
     def schedule_pause(self, conn: psycopg.Connection, name: str, paused: bool = True) -> bool:
         """Pause (or resume) a schedule; False if it is unknown."""
@@ -951,7 +955,7 @@ class Storage(KeyLimitQueries, SessionQueries):
     def schedule_fires_list(self, conn: psycopg.Connection, name: str) -> list[dict[str, Any]]:
         """The fire ledger of one schedule, oldest first."""
         keys = ("tick", "prev_tick", "coalesced", "manual", "job_id", "held_by", "fired_at")
-        return [dict(zip(keys, r)) for r in conn.execute(self.q["schedule_fires_list"], (name,))]
+        return [dict(zip(keys, r, strict=False)) for r in conn.execute(self.q["schedule_fires_list"], (name,))]
 
     def schedule_fires_prune(self, conn: psycopg.Connection, keep_s: float, limit: int = 1000) -> int:
         """Delete fires older than ``keep_s`` seconds (one batch); returns how many."""
@@ -1017,13 +1021,13 @@ def _job_retry(job_id: int) -> _Stmt:
 
 
 _QUEUE_SETTING_KEYS = ("queue", "paused", "stripes", "enqueue_shards", "dlq_enabled", "deadline_s",
-                       "heartbeat_timeout_s", "aging_interval_s", "dlq_retention_s", "created_at", "history_retention_s",
-                       "key_max_running")
+                       "heartbeat_timeout_s", "aging_interval_s", "dlq_retention_s", "created_at",
+                       "history_retention_s", "key_max_running")
 
 
 def _queue_settings(queue: str | None) -> _Stmt:
     return _Stmt("queue_settings", {"queue": queue},
-                 lambda rows, _n: [dict(zip(_QUEUE_SETTING_KEYS, r)) for r in rows])
+                 lambda rows, _n: [dict(zip(_QUEUE_SETTING_KEYS, r, strict=False)) for r in rows])
 
 
 _DLQ_KEYS = ("job_id", "queue", "kind", "attempt", "max_attempts", "reason", "failed_at", "args")
@@ -1031,7 +1035,7 @@ _DLQ_KEYS = ("job_id", "queue", "kind", "attempt", "max_attempts", "reason", "fa
 
 def _dlq_select(job_ids: Sequence[int] | None, queue: str | None, limit: int) -> _Stmt:
     def shape(rows: list[tuple[Any, ...]], _n: int) -> list[dict[str, Any]]:
-        out = [dict(zip(_DLQ_KEYS, r)) for r in rows]
+        out = [dict(zip(_DLQ_KEYS, r, strict=False)) for r in rows]
         for row in out:
             row["args"] = _json_value(row["args"])
         return out
