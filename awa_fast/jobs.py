@@ -291,7 +291,7 @@ TIMEOUT_KEY = "awa_fast.timeout"
 _TIMEOUT_KEY_JSON = b'"awa_fast.timeout"'
 
 
-def attempt_timeout(job: Job, spec: JobSpec) -> float | None:
+def attempt_timeout(job: Job[Any], spec: JobSpec) -> float | None:
     """The timeout of ``job``'s attempt: its own (set at enqueue), else its kind's.
 
     A job without metadata is never decoded for it.

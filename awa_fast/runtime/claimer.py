@@ -403,10 +403,10 @@ class Claimer:
 
     # -- the runtime interface used by Job -------------------------------------------
 
-    def progress_changed(self, job: Job) -> None:
+    def progress_changed(self, job: Job[Any]) -> None:
         self.heartbeat.progress_changed(job)
 
-    def register_callback(self, job: Job, timeout: float) -> str:
+    def register_callback(self, job: Job[Any], timeout: float) -> str:
         conn = connect(self.config.dsn, application_name="awa_fast:callback")
         try:
             token = self.storage.attempt_register_callback(conn, job.snapshot, timeout)
