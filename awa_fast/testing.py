@@ -169,7 +169,7 @@ class _Inline:
         from awa_fast.jobs import Job
 
         snaps, _ = self.storage.lane_claim_result(self.conn, queue, limit)
-        jobs = []
+        jobs: list[Job[Any]] = []
         for s in snaps:
             spec = self.app.registry.get(s.kind)
             jobs.append(Job(s, spec.args_type if spec else None, self))

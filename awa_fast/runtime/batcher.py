@@ -266,9 +266,10 @@ class CompletionBatcher:
                     counts[0] += 1
                 else:
                     others.append((s, CloseCode.COMPLETE, None, None))
-            elif type(outcome) is Unwritten:
-                if outcome is Unwritten.STALE:
-                    known_stale.append((s.job_id, s.run_lease))
+            elif outcome is Unwritten.STALE:  # two identity tests instead of type(): mypy narrows these
+                known_stale.append((s.job_id, s.run_lease))
+            elif outcome is Unwritten.PARKED:
+                pass
             elif outcome.result is not None:
                 r = outcome.result  # encode_payload's RawJson already (sent as jsonb, not bytea)
                 results.append((job, r if type(r) is RawJson else RawJson(r)))

@@ -352,7 +352,7 @@ class Claimer:
         now = time.monotonic()
         self.batcher.register_receipts(snaps)
         registry = self.registry
-        jobs = []
+        jobs: list[Job[Any]] = []
         for s in snaps:
             spec = registry.get(s.kind)
             jobs.append(Job(s, spec.args_type if spec else None, self))
