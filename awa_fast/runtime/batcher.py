@@ -301,9 +301,9 @@ class CompletionBatcher:
                 if completes:
                     stale.update(self.storage.receipt_complete(conn, completes, whole, with_state))
                 if others:
-                    for r in self.storage.attempt_close(conn, others):
-                        if r.status == "stale":
-                            stale.add((r.job_id, r.run_lease))
+                    for res in self.storage.attempt_close(conn, others):
+                        if res.status == "stale":
+                            stale.add((res.job_id, res.run_lease))
         if replay and stale:
             stale -= self._own_completions(conn, stale, completes)
         stale.update(known_stale)

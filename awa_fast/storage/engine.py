@@ -20,9 +20,9 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import psycopg
 
@@ -36,6 +36,8 @@ from awa_fast.storage.keys import KeyLimitQueries
 from awa_fast.storage.schema import latest_version, named_queries, render, validate_schema
 from awa_fast.storage.sessions import SessionQueries
 from awa_fast.storage.types import AttemptResult, LaneRange, RawJson, as_jsonb
+
+R = TypeVar("R")
 
 if TYPE_CHECKING:
     from awa_fast.limits import QueueLimits
@@ -636,30 +638,37 @@ class Storage(KeyLimitQueries, SessionQueries):
     # description, so the two can never disagree. Jsonb comes back decoded
     # whether or not the connection uses :func:`use_raw_jsonb`.
 
-    def _run(self, conn: psycopg.Connection, stmts: Sequence[_Stmt]) -> Any:
-        result: Any = None
-        for st in stmts:
-            cur = conn.execute(self.q[st.name], st.params)
-            rows = cur.fetchall() if cur.description is not None else []
-            result = st.shape(rows, cur.rowcount)
-        return result
+    def _run(self, conn: psycopg.Connection, stmts: Sequence[_Stmt[Any]]) -> Any:
+        """Run ``stmts`` in order (each one shaped); the shaped result of the last one."""
+        *head, last = stmts
+        for st in head:
+            self._run_one(conn, st)
+        return self._run_one(conn, last)
 
-    async def _run_async(self, conn: psycopg.AsyncConnection, stmts: Sequence[_Stmt]) -> Any:
-        result: Any = None
-        for st in stmts:
-            cur = await conn.execute(self.q[st.name], st.params)
-            rows = await cur.fetchall() if cur.description is not None else []
-            result = st.shape(rows, cur.rowcount)
-        return result
+    def _run_one(self, conn: psycopg.Connection, st: _Stmt[R]) -> R:
+        cur = conn.execute(self.q[st.name], st.params)
+        rows = cur.fetchall() if cur.description is not None else []
+        return st.shape(rows, cur.rowcount)
+
+    async def _run_async(self, conn: psycopg.AsyncConnection, stmts: Sequence[_Stmt[Any]]) -> Any:
+        *head, last = stmts
+        for st in head:
+            await self._run_one_async(conn, st)
+        return await self._run_one_async(conn, last)
+
+    async def _run_one_async(self, conn: psycopg.AsyncConnection, st: _Stmt[R]) -> R:
+        cur = await conn.execute(self.q[st.name], st.params)
+        rows = await cur.fetchall() if cur.description is not None else []
+        return st.shape(rows, cur.rowcount)
 
     def job_load_many(self, conn: psycopg.Connection, job_ids: Sequence[int]) -> list[dict[str, Any] | None]:
         """Each job (``job_load``'s dict plus ``progress``) in the order given; None where unknown."""
-        return self._run(conn, [_job_load_many(job_ids)])
+        return self._run_one(conn, _job_load_many(job_ids))
 
     async def job_load_many_async(self, conn: psycopg.AsyncConnection,
                                   job_ids: Sequence[int]) -> list[dict[str, Any] | None]:
         """Async twin of :meth:`job_load_many`."""
-        return await self._run_async(conn, [_job_load_many(job_ids)])
+        return await self._run_one_async(conn, _job_load_many(job_ids))
 
     def job_list(self, conn: psycopg.Connection, *, queue: str | None = None, kind: str | None = None,
                  state: str | None = None, limit: int = 100, before_id: int | None = None) -> list[dict[str, Any]]:
@@ -668,10 +677,10 @@ class Storage(KeyLimitQueries, SessionQueries):
         cursor = before_id
         while len(out) < limit:
             page = max(limit, 100)
-            ids = self._run(conn, [_job_list_ids(queue, kind, state, page, cursor)])
+            ids = self._run_one(conn, _job_list_ids(queue, kind, state, page, cursor))
             if not ids:
                 break
-            out.extend(_keep_state(self._run(conn, [_job_load_many(ids)]), state))
+            out.extend(_keep_state(self._run_one(conn, _job_load_many(ids)), state))
             if len(ids) < page:
                 break
             cursor = ids[-1]
@@ -685,10 +694,10 @@ class Storage(KeyLimitQueries, SessionQueries):
         cursor = before_id
         while len(out) < limit:
             page = max(limit, 100)
-            ids = await self._run_async(conn, [_job_list_ids(queue, kind, state, page, cursor)])
+            ids = await self._run_one_async(conn, _job_list_ids(queue, kind, state, page, cursor))
             if not ids:
                 break
-            out.extend(_keep_state(await self._run_async(conn, [_job_load_many(ids)]), state))
+            out.extend(_keep_state(await self._run_one_async(conn, _job_load_many(ids)), state))
             if len(ids) < page:
                 break
             cursor = ids[-1]
@@ -696,30 +705,30 @@ class Storage(KeyLimitQueries, SessionQueries):
 
     def job_retry(self, conn: psycopg.Connection, job_id: int) -> str | None:
         """Retry one job now: ``retried`` (from the DLQ), ``due_now`` (deferred), or None."""
-        return self._run(conn, [_job_retry(job_id)])
+        return self._run_one(conn, _job_retry(job_id))
 
     async def job_retry_async(self, conn: psycopg.AsyncConnection, job_id: int) -> str | None:
         """Async twin of :meth:`job_retry`."""
-        return await self._run_async(conn, [_job_retry(job_id)])
+        return await self._run_one_async(conn, _job_retry(job_id))
 
     async def job_cancel_async(self, conn: psycopg.AsyncConnection, job_id: int) -> str:
         """Async twin of :meth:`job_cancel`."""
-        return await self._run_async(conn, [_Stmt("job_cancel", (job_id,), _first_text)])
+        return await self._run_one_async(conn, _Stmt("job_cancel", (job_id,), _first_text))
 
     async def callback_resolve_async(self, conn: psycopg.AsyncConnection, token: uuid.UUID | str, action: str,
                                      payload: RawJson | None = None, error: str | None = None) -> str:
         """Async twin of :meth:`callback_resolve`."""
-        return await self._run_async(conn, [_Stmt("callback_resolve", (str(token), action, payload,
-                                                                       clean_text(error)), _first_text)])
+        return await self._run_one_async(conn, _Stmt("callback_resolve", (str(token), action, payload,
+                                                                       clean_text(error)), _first_text))
 
     def queue_settings(self, conn: psycopg.Connection, queue: str | None = None) -> list[dict[str, Any]]:
         """Every setting of ``queue`` (or of every queue); durations in seconds."""
-        return self._run(conn, [_queue_settings(queue)])
+        return self._run_one(conn, _queue_settings(queue))
 
     async def queue_settings_async(self, conn: psycopg.AsyncConnection,
                                    queue: str | None = None) -> list[dict[str, Any]]:
         """Async twin of :meth:`queue_settings`."""
-        return await self._run_async(conn, [_queue_settings(queue)])
+        return await self._run_one_async(conn, _queue_settings(queue))
 
     async def queue_configure_async(self, conn: psycopg.AsyncConnection, queue: str, *,
                                     stripes: int | None = None, enqueue_shards: int | None = None,
@@ -736,41 +745,41 @@ class Storage(KeyLimitQueries, SessionQueries):
 
     async def queue_pause_async(self, conn: psycopg.AsyncConnection, queue: str, paused: bool = True) -> bool:
         """Async twin of :meth:`queue_pause`."""
-        return await self._run_async(conn, [_Stmt("queue_pause", (paused, queue), lambda _r, n: n > 0)])
+        return await self._run_one_async(conn, _Stmt("queue_pause", (paused, queue), lambda _r, n: n > 0))
 
     async def queue_counts_exact_async(self, conn: psycopg.AsyncConnection) -> dict[str, dict[str, int]]:
         """Async twin of :meth:`queue_counts_exact`."""
-        return await self._run_async(conn, [_Stmt("queue_counts_exact", (), _counts)])
+        return await self._run_one_async(conn, _Stmt("queue_counts_exact", (), _counts))
 
     def dlq_select(self, conn: psycopg.Connection, job_ids: Sequence[int] | None = None,
                    queue: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
         """DLQ entries matching ``job_ids`` and/or ``queue`` (both when both are given), newest first."""
-        return self._run(conn, [_dlq_select(job_ids, queue, limit)])
+        return self._run_one(conn, _dlq_select(job_ids, queue, limit))
 
     async def dlq_select_async(self, conn: psycopg.AsyncConnection, job_ids: Sequence[int] | None = None,
                                queue: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
         """Async twin of :meth:`dlq_select`."""
-        return await self._run_async(conn, [_dlq_select(job_ids, queue, limit)])
+        return await self._run_one_async(conn, _dlq_select(job_ids, queue, limit))
 
     def dlq_retry_where(self, conn: psycopg.Connection, job_ids: Sequence[int] | None = None,
                         queue: str | None = None) -> list[int]:
         """Move DLQ entries matching ``job_ids`` and/or ``queue`` back to ready; returns their ids."""
-        return self._run(conn, [_dlq_where("dlq_retry_where", job_ids, queue)])
+        return self._run_one(conn, _dlq_where("dlq_retry_where", job_ids, queue))
 
     async def dlq_retry_where_async(self, conn: psycopg.AsyncConnection, job_ids: Sequence[int] | None = None,
                                     queue: str | None = None) -> list[int]:
         """Async twin of :meth:`dlq_retry_where`."""
-        return await self._run_async(conn, [_dlq_where("dlq_retry_where", job_ids, queue)])
+        return await self._run_one_async(conn, _dlq_where("dlq_retry_where", job_ids, queue))
 
     def dlq_purge_where(self, conn: psycopg.Connection, job_ids: Sequence[int] | None = None,
                         queue: str | None = None) -> list[int]:
         """Delete DLQ entries matching ``job_ids`` and/or ``queue``; returns their ids."""
-        return self._run(conn, [_dlq_where("dlq_purge_where", job_ids, queue)])
+        return self._run_one(conn, _dlq_where("dlq_purge_where", job_ids, queue))
 
     async def dlq_purge_where_async(self, conn: psycopg.AsyncConnection, job_ids: Sequence[int] | None = None,
                                     queue: str | None = None) -> list[int]:
         """Async twin of :meth:`dlq_purge_where`."""
-        return await self._run_async(conn, [_dlq_where("dlq_purge_where", job_ids, queue)])
+        return await self._run_one_async(conn, _dlq_where("dlq_purge_where", job_ids, queue))
 
     async def schema_check_async(self, conn: psycopg.AsyncConnection) -> None:
         """Async twin of :meth:`schema_check`."""
@@ -928,7 +937,8 @@ class Storage(KeyLimitQueries, SessionQueries):
         """The database clock."""
         row = conn.execute(self.q["db_now"]).fetchone()
         assert row is not None
-        return row[0]
+        now: _dt.datetime = row[0]
+        return now
 
     def schedule_fire(self, conn: psycopg.Connection, name: str, tick: _dt.datetime | None,
                       prev: _dt.datetime | None, coalesced: int, cron: str, timezone: str,
@@ -966,10 +976,10 @@ class Storage(KeyLimitQueries, SessionQueries):
 
 
 @dataclass(frozen=True, slots=True)
-class _Stmt:
+class _Stmt(Generic[R]):
     name: str
     params: Any
-    shape: Any  # (rows, rowcount) -> result
+    shape: Callable[[list[tuple[Any, ...]], int], R]  # (rows, rowcount) -> result
 
 
 # Where each job state can live, for job_list_ids' per-plane switches.
@@ -989,7 +999,7 @@ def _json_value(value: Any) -> Any:
     return value
 
 
-def _job_load_many(job_ids: Sequence[int]) -> _Stmt:
+def _job_load_many(job_ids: Sequence[int]) -> _Stmt[list[dict[str, Any] | None]]:
     def shape(rows: list[tuple[Any, ...]], _n: int) -> list[dict[str, Any] | None]:
         out: list[dict[str, Any] | None] = []
         for _job_id, value, progress in rows:
@@ -1005,9 +1015,9 @@ def _job_load_many(job_ids: Sequence[int]) -> _Stmt:
 
 
 def _job_list_ids(queue: str | None, kind: str | None, state: str | None, limit: int,
-                  before: int | None) -> _Stmt:
+                  before: int | None) -> _Stmt[list[int]]:
     planes = _STATE_PLANES[state] if state is not None else {"ready", "done", "deferred", "dlq", "leases"}
-    params = {p: p in planes for p in ("ready", "done", "deferred", "dlq", "leases")}
+    params: dict[str, Any] = {p: p in planes for p in ("ready", "done", "deferred", "dlq", "leases")}
     params.update(queue=queue, kind=kind, limit=limit, before=before)
     return _Stmt("job_list_ids", params, lambda rows, _n: [int(r[0]) for r in rows])
 
@@ -1016,8 +1026,12 @@ def _keep_state(jobs: list[dict[str, Any] | None], state: str | None) -> list[di
     return [j for j in jobs if j is not None and (state is None or j.get("state") == state)]
 
 
-def _job_retry(job_id: int) -> _Stmt:
-    return _Stmt("job_retry", {"job_id": job_id}, lambda rows, _n: rows[0][0] if rows else None)
+def _job_retry(job_id: int) -> _Stmt[str | None]:
+    def shape(rows: list[tuple[Any, ...]], _n: int) -> str | None:
+        value = rows[0][0] if rows else None
+        return None if value is None else str(value)
+
+    return _Stmt("job_retry", {"job_id": job_id}, shape)
 
 
 _QUEUE_SETTING_KEYS = ("queue", "paused", "stripes", "enqueue_shards", "dlq_enabled", "deadline_s",
@@ -1025,7 +1039,7 @@ _QUEUE_SETTING_KEYS = ("queue", "paused", "stripes", "enqueue_shards", "dlq_enab
                        "history_retention_s", "key_max_running")
 
 
-def _queue_settings(queue: str | None) -> _Stmt:
+def _queue_settings(queue: str | None) -> _Stmt[list[dict[str, Any]]]:
     return _Stmt("queue_settings", {"queue": queue},
                  lambda rows, _n: [dict(zip(_QUEUE_SETTING_KEYS, r, strict=False)) for r in rows])
 
@@ -1033,7 +1047,7 @@ def _queue_settings(queue: str | None) -> _Stmt:
 _DLQ_KEYS = ("job_id", "queue", "kind", "attempt", "max_attempts", "reason", "failed_at", "args")
 
 
-def _dlq_select(job_ids: Sequence[int] | None, queue: str | None, limit: int) -> _Stmt:
+def _dlq_select(job_ids: Sequence[int] | None, queue: str | None, limit: int) -> _Stmt[list[dict[str, Any]]]:
     def shape(rows: list[tuple[Any, ...]], _n: int) -> list[dict[str, Any]]:
         out = [dict(zip(_DLQ_KEYS, r, strict=False)) for r in rows]
         for row in out:
@@ -1044,7 +1058,7 @@ def _dlq_select(job_ids: Sequence[int] | None, queue: str | None, limit: int) ->
     return _Stmt("dlq_select", {"ids": ids, "queue": queue, "limit": limit}, shape)
 
 
-def _dlq_where(name: str, job_ids: Sequence[int] | None, queue: str | None) -> _Stmt:
+def _dlq_where(name: str, job_ids: Sequence[int] | None, queue: str | None) -> _Stmt[list[int]]:
     ids = None if job_ids is None else [int(j) for j in job_ids]
     return _Stmt(name, {"ids": ids, "queue": queue}, lambda rows, _n: sorted(int(r[0]) for r in rows))
 
