@@ -58,4 +58,4 @@ def test_readme_block_runs_as_written(index, pg_dsn, schema, tmp_path):
         assert counts["media"] == {"available": 10_000, "cancelled": 1}, counts
     if index == 1:
         # periodic, unique, limits and the in-process worker, as the block's comments say
-        assert res.stdout.splitlines() == ["already queued: True", "1 {'rows': 42}"], res.stdout
+        assert res.stdout.splitlines() == ["already queued: True", "2 {'rows': 42}"], res.stdout
