@@ -17,22 +17,24 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 import psycopg
 
 from awa_fast.app import App
-from awa_fast.client import ProgressBar
+from awa_fast.jobs import Job
+from awa_fast.progress import ProgressBar
 
 app = App(schema="awa_fast_demo")
 
 
 @app.job("demo.noop", queue="demo")
-def noop(job) -> None:  # noqa: ANN001 - awa_fast.Job
+def noop(job: Job[Any]) -> None:
     """A handler that does nothing: the demo measures the queue, not the work."""
 
 
 @app.job("demo.async_noop", queue="demo")
-async def async_noop(job) -> None:  # noqa: ANN001
+async def async_noop(job: Job[Any]) -> None:
     """The async twin, to show both kinds of handlers in one supervisor."""
 
 

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import datetime as _dt
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import msgspec
 
 from awa_fast.errors import PayloadError
 from awa_fast.outcomes import Cancel, ClosureCode, DoneState, RetryAfter, Snooze, WaitForCallback
+
+if TYPE_CHECKING:
+    import asyncio
 
 # Encoded size limit of one job.set_progress() value (JSON bytes). Progress
 # rides on every heartbeat batch of its claimer, so it is kept small.
@@ -92,6 +95,11 @@ class Job(Generic[T]):
 
     __slots__ = ("snapshot", "_args_type", "_args", "_progress", "_cancelled", "_stale", "_runtime",
                  "callback_token", "lease_backed", "started_at", "finished_at", "_task")
+    # Slots that __init__ leaves unset (see the comment there); declared for the type checker only,
+    # a bare annotation creates no class attribute, so the slots stay as they are.
+    _stale: bool
+    _task: asyncio.Future[Any]
+    finished_at: float
 
     def __init__(self, snapshot: ClaimSnapshot, args_type: type | None = None, runtime: Any = None) -> None:
         self.snapshot = snapshot
@@ -151,7 +159,8 @@ class Job(Generic[T]):
                 self._args = msgspec.json.decode(self.snapshot.args, type=self._args_type)
             else:
                 self._args = msgspec.json.decode(self.snapshot.args)
-        return self._args
+        args: T = self._args
+        return args
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -222,7 +231,7 @@ class Job(Generic[T]):
         """
         if self._runtime is None:
             raise RuntimeError("register_callback needs a running claimer")
-        token = self._runtime.register_callback(self, timeout)
+        token: str = self._runtime.register_callback(self, timeout)
         self.callback_token = token
         self.lease_backed = True
         return token
@@ -291,7 +300,7 @@ TIMEOUT_KEY = "awa_fast.timeout"
 _TIMEOUT_KEY_JSON = b'"awa_fast.timeout"'
 
 
-def attempt_timeout(job: Job, spec: JobSpec) -> float | None:
+def attempt_timeout(job: Job[Any], spec: JobSpec) -> float | None:
     """The timeout of ``job``'s attempt: its own (set at enqueue), else its kind's.
 
     A job without metadata is never decoded for it.

@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     import pytest
 
     from awa_fast.app import App
-    from awa_fast.jobs import ClaimSnapshot, Job
+    from awa_fast.jobs import Job
     from awa_fast.outcomes import Outcome, Unwritten
 
 __all__ = ["DrainResult", "WorkResult", "assert_enqueued", "assert_not_enqueued", "bind", "drain", "drain_async",
@@ -149,7 +149,7 @@ class _Inline:
         self.conn.close()
 
     # Job runtime interface
-    def progress_changed(self, job: Job) -> None:
+    def progress_changed(self, job: Job[Any]) -> None:
         import orjson
 
         from awa_fast.storage import RawJson
@@ -158,24 +158,24 @@ class _Inline:
         self.storage.attempt_heartbeat(self.conn, [job.snapshot], [RawJson(orjson.dumps(p)) if p is not None else None])
         self.stateful.add((job.id, job.run_lease))
 
-    def register_callback(self, job: Job, timeout: float) -> str:
+    def register_callback(self, job: Job[Any], timeout: float) -> str:
         token = self.storage.attempt_register_callback(self.conn, job.snapshot, timeout)
         if token is None:
             raise RuntimeError(f"attempt of job {job.id} (run_lease {job.run_lease}) is no longer live")
         return str(token)
 
     # the cycle
-    def claim(self, queue: str, limit: int) -> list[Job]:
+    def claim(self, queue: str, limit: int) -> list[Job[Any]]:
         from awa_fast.jobs import Job
 
         snaps, _ = self.storage.lane_claim_result(self.conn, queue, limit)
-        jobs = []
+        jobs: list[Job[Any]] = []
         for s in snaps:
             spec = self.app.registry.get(s.kind)
             jobs.append(Job(s, spec.args_type if spec else None, self))
         return jobs
 
-    def call(self, job: Job) -> Any:
+    def call(self, job: Job[Any]) -> Any:
         """Start the handler: its result, or the coroutine of an ``async def`` handler."""
         spec = self.app.registry.get(job.kind)
         if spec is None:
@@ -183,7 +183,7 @@ class _Inline:
         job.started_at = time.time()
         return spec.handler(job)
 
-    def finish(self, job: Job, result: Any, exc: BaseException | None) -> WorkResult:
+    def finish(self, job: Job[Any], result: Any, exc: BaseException | None) -> WorkResult:
         """Write the attempt's outcome through the real completion SQL."""
         from awa_fast.outcomes import COMPLETED, CloseCode, Outcome, Unwritten
         from awa_fast.runtime.handler_outcome import error_text
@@ -222,9 +222,17 @@ class _Inline:
         return WorkResult(s.job_id, s.kind, s.queue, s.attempt, args, word, found["state"] if found else None,
                           error, None if isinstance(exc, _NoHandler) else exc, token)
 
-    def _outcome(self, job: Job, result: object) -> Outcome | Unwritten:
-        from awa_fast.outcomes import COMPLETED, Cancel, CloseCode, Outcome, RetryAfter, Snooze, Unwritten
-        from awa_fast.outcomes import WaitForCallback
+    def _outcome(self, job: Job[Any], result: object) -> Outcome | Unwritten:
+        from awa_fast.outcomes import (
+            COMPLETED,
+            Cancel,
+            CloseCode,
+            Outcome,
+            RetryAfter,
+            Snooze,
+            Unwritten,
+            WaitForCallback,
+        )
         from awa_fast.runtime.handler_outcome import error_text
 
         if result is None:
@@ -243,7 +251,7 @@ class _Inline:
         return Outcome(CloseCode.RETRY, error=error_text(f"handler returned an unsupported value of type "
                                                          f"{type(result).__name__}; return None or an outcome"))
 
-    def hand_back(self, jobs: Sequence[Job]) -> None:
+    def hand_back(self, jobs: Sequence[Job[Any]]) -> None:
         """Give claimed, never started jobs back (snooze 0: no attempt consumed)."""
         from awa_fast.outcomes import CloseCode
 
@@ -281,7 +289,7 @@ def _refuse_running_loop(name: str) -> None:
                        f"use `await {name}_async(...)` there")
 
 
-def _step(inline: _Inline, job: Job, loop: asyncio.AbstractEventLoop | None) -> WorkResult:
+def _step(inline: _Inline, job: Job[Any], loop: asyncio.AbstractEventLoop | None) -> WorkResult:
     try:
         result = inline.call(job)
         if asyncio.iscoroutine(result):
@@ -292,7 +300,7 @@ def _step(inline: _Inline, job: Job, loop: asyncio.AbstractEventLoop | None) -> 
     return inline.finish(job, result, None)
 
 
-async def _step_async(inline: _Inline, job: Job) -> WorkResult:
+async def _step_async(inline: _Inline, job: Job[Any]) -> WorkResult:
     try:
         result = inline.call(job)
         if asyncio.iscoroutine(result):
@@ -396,7 +404,7 @@ def _check_deadline(deadline: float, timeout: float, names: Sequence[str]) -> No
                            "worker hold them?")
 
 
-def _one(app: App, kind: str, args: Any, enqueue: dict[str, Any]) -> tuple[_Inline, Job]:
+def _one(app: App, kind: str, args: Any, enqueue: dict[str, Any]) -> tuple[_Inline, Job[Any]]:
     spec = app.registry.get(kind)
     queue = enqueue.get("queue") or (spec.queue if spec else app.default_queue)
     inline = _Inline(app)

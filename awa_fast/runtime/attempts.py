@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from awa_fast.jobs import Job
 
@@ -32,7 +33,7 @@ class AttemptTable:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._held: dict[Key, Job] = {}
+        self._held: dict[Key, Job[Any]] = {}
         self._claimed_at: dict[Key, float] = {}
         self._stateful: set[Key] = set()
 
@@ -41,7 +42,7 @@ class AttemptTable:
 
     # -- the claim loop ---------------------------------------------------------------
 
-    def claimed(self, jobs: Sequence[Job], now: float) -> None:
+    def claimed(self, jobs: Sequence[Job[Any]], now: float) -> None:
         """Attempts just claimed (at monotonic ``now``): held and due for heartbeats."""
         with self._lock:
             held, claimed_at = self._held, self._claimed_at
@@ -52,7 +53,7 @@ class AttemptTable:
 
     # -- handler threads and the batcher ----------------------------------------------
 
-    def parked(self, jobs: Iterable[Job]) -> None:
+    def parked(self, jobs: Iterable[Job[Any]]) -> None:
         """Attempts parked for a callback: the lease plane holds them now, not this claimer."""
         with self._lock:
             for job in jobs:
@@ -78,11 +79,11 @@ class AttemptTable:
 
     # -- the heartbeat thread ---------------------------------------------------------
 
-    def due(self, now: float, interval: float) -> dict[Key, Job]:
+    def due(self, now: float, interval: float) -> dict[Key, Job[Any]]:
         """Attempts held at least ``interval`` seconds (receipt-backed ones: parked ones have a lease)."""
         with self._lock:
             held = self._held
-            out: dict[Key, Job] = {}
+            out: dict[Key, Job[Any]] = {}
             for key, started in self._claimed_at.items():
                 if now - started >= interval:
                     job = held.get(key)

@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import psycopg
 
@@ -38,7 +38,7 @@ from awa_fast.storage import RawJson, Storage, close_quietly, connect
 
 log = logging.getLogger("awa_fast.batcher")
 
-Closed = tuple[Job, Outcome | Unwritten]  # one finished attempt, as the executor hands it on
+Closed = tuple[Job[Any], Outcome | Unwritten]  # one finished attempt, as the executor hands it on
 
 
 # -- messages on the batcher's queue (one type each; the batcher thread tells them apart by type) --
@@ -138,7 +138,7 @@ class CompletionBatcher:
             counts[cid] = counts.get(cid, 0) + 1
         self._q.put(_Receipts(counts))
 
-    def submit(self, job: Job, outcome: Outcome | Unwritten) -> None:
+    def submit(self, job: Job[Any], outcome: Outcome | Unwritten) -> None:
         """Queue one attempt's outcome for the next flush."""
         self._q.put(_Outcomes([(job, outcome)]))
 
@@ -253,7 +253,7 @@ class CompletionBatcher:
                   replay: bool = False) -> None:
         completes = []
         others: list[tuple[ClaimSnapshot, int, float | None, str | None]] = []
-        results: list[tuple[Job, RawJson]] = []
+        results: list[tuple[Job[Any], RawJson]] = []
         per_receipt: dict[int, list[int]] = {}  # claim_id -> [completions, all]
         known_stale: list[tuple[int, int]] = []
         for job, outcome in batch:
@@ -266,9 +266,10 @@ class CompletionBatcher:
                     counts[0] += 1
                 else:
                     others.append((s, CloseCode.COMPLETE, None, None))
-            elif type(outcome) is Unwritten:
-                if outcome is Unwritten.STALE:
-                    known_stale.append((s.job_id, s.run_lease))
+            elif outcome is Unwritten.STALE:  # two identity tests instead of type(): mypy narrows these
+                known_stale.append((s.job_id, s.run_lease))
+            elif outcome is Unwritten.PARKED:
+                pass
             elif outcome.result is not None:
                 r = outcome.result  # encode_payload's RawJson already (sent as jsonb, not bytea)
                 results.append((job, r if type(r) is RawJson else RawJson(r)))
@@ -300,9 +301,9 @@ class CompletionBatcher:
                 if completes:
                     stale.update(self.storage.receipt_complete(conn, completes, whole, with_state))
                 if others:
-                    for r in self.storage.attempt_close(conn, others):
-                        if r.status == "stale":
-                            stale.add((r.job_id, r.run_lease))
+                    for res in self.storage.attempt_close(conn, others):
+                        if res.status == "stale":
+                            stale.add((res.job_id, res.run_lease))
         if replay and stale:
             stale -= self._own_completions(conn, stale, completes)
         stale.update(known_stale)
@@ -311,7 +312,7 @@ class CompletionBatcher:
     def _flush_with_results(self, conn: psycopg.Connection, batch: list[Closed],
                             completes: list[ClaimSnapshot], others: list[tuple[ClaimSnapshot, int, float | None,
                                                                                str | None]],
-                            results: list[tuple[Job, RawJson]], whole: list[tuple[int, int]],
+                            results: list[tuple[Job[Any], RawJson]], whole: list[tuple[int, int]],
                             with_state: list[ClaimSnapshot], stateful: set[tuple[int, int]],
                             per_receipt: dict[int, list[int]], t0: float, replay: bool) -> None:
         """A flush with result-carrying completions in it (the plain path above never comes here).

@@ -35,8 +35,8 @@ import psycopg
 from awa_fast.errors import DatabaseUnavailable
 from awa_fast.jobs import MAX_PROGRESS_BYTES, AttemptClosed, ClaimSnapshot, Job, JobSpec
 from awa_fast.limits import LimitWatch
-from awa_fast.runtime.attempts import AttemptTable, Key
 from awa_fast.outcomes import Unwritten
+from awa_fast.runtime.attempts import AttemptTable, Key
 from awa_fast.runtime.batcher import BatcherConfig, CompletionBatcher, FlushReport
 from awa_fast.runtime.entry import claimer_main, die_with_parent
 from awa_fast.runtime.executor import Executor
@@ -46,8 +46,8 @@ from awa_fast.runtime.listener import Listener, ListenerConfig
 from awa_fast.runtime.watchdog import IoGuard, Watchdog, WatchdogConfig
 from awa_fast.storage import Storage, close_quietly, connect, use_raw_jsonb
 
-__all__ = ["LOCAL_WORK_S", "Claimer", "ClaimerConfig", "next_claim_size", "claimer_main", "die_with_parent", "error_text", "failure_text",
-           "next_busy_pause", "timeout_text"]
+__all__ = ["LOCAL_WORK_S", "Claimer", "ClaimerConfig", "next_claim_size", "claimer_main", "die_with_parent",
+           "error_text", "failure_text", "next_busy_pause", "timeout_text"]
 
 log = logging.getLogger("awa_fast.claimer")
 # A short claim of fewer rows than this may wait for a NOTIFY. Producers
@@ -352,7 +352,7 @@ class Claimer:
         now = time.monotonic()
         self.batcher.register_receipts(snaps)
         registry = self.registry
-        jobs = []
+        jobs: list[Job[Any]] = []
         for s in snaps:
             spec = registry.get(s.kind)
             jobs.append(Job(s, spec.args_type if spec else None, self))
@@ -403,10 +403,10 @@ class Claimer:
 
     # -- the runtime interface used by Job -------------------------------------------
 
-    def progress_changed(self, job: Job) -> None:
+    def progress_changed(self, job: Job[Any]) -> None:
         self.heartbeat.progress_changed(job)
 
-    def register_callback(self, job: Job, timeout: float) -> str:
+    def register_callback(self, job: Job[Any], timeout: float) -> str:
         conn = connect(self.config.dsn, application_name="awa_fast:callback")
         try:
             token = self.storage.attempt_register_callback(conn, job.snapshot, timeout)
@@ -435,16 +435,13 @@ class Claimer:
         pickup: list[float] = []
         handler: list[float] = []
         closed: list[AttemptClosed] | None = [] if self.flush_listeners else None
-        for (job, outcome), key in zip(report.jobs, keys):
+        for (job, outcome), key in zip(report.jobs, keys, strict=True):
             finished = getattr(job, "finished_at", 0.0)  # unset: the handler never ran
             if finished:
                 handler.append(finished - job.started_at)
             if outcome is Unwritten.PARKED:
                 continue
-            if key in report.stale or outcome is Unwritten.STALE:
-                what = "stale"
-            else:
-                what = outcome.code.closed_as
+            what = "stale" if key in report.stale or outcome is Unwritten.STALE else outcome.code.closed_as
             st[what] += 1
             if closed is not None:
                 closed.append(AttemptClosed(job.id, job.run_lease, job.kind, what, job.started_at or 0.0,

@@ -38,8 +38,14 @@ from awa_fast.jobs import Job, JobSpec, attempt_timeout
 from awa_fast.outcomes import CloseCode, Outcome, Unwritten
 from awa_fast.runtime.attempts import AttemptTable, Key
 from awa_fast.runtime.batcher import CompletionBatcher
-from awa_fast.runtime.handler_outcome import (error_text, failure_text, one_line, returned_outcome, timeout_text,
-                                              unknown_kind_text)
+from awa_fast.runtime.handler_outcome import (
+    error_text,
+    failure_text,
+    one_line,
+    returned_outcome,
+    timeout_text,
+    unknown_kind_text,
+)
 
 log = logging.getLogger("awa_fast.claimer")
 
@@ -116,7 +122,7 @@ class Executor:
         self._hooks = hooks
         self._stopping = stopping
         self._shm = shm_record
-        self._work: queue.SimpleQueue[list[Job] | None] = queue.SimpleQueue()
+        self._work: queue.SimpleQueue[list[Job[Any]] | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
@@ -211,7 +217,7 @@ class Executor:
 
     # -- dispatch ---------------------------------------------------------------------
 
-    def dispatch(self, jobs: list[Job]) -> None:
+    def dispatch(self, jobs: list[Job[Any]]) -> None:
         """Run freshly claimed jobs (the claim loop's thread)."""
         unknown = [j for j in jobs if j.kind not in self.registry]
         if unknown:
@@ -229,7 +235,7 @@ class Executor:
         if async_jobs and self._loop is not None:
             self._loop.call_soon_threadsafe(self._spawn_async, async_jobs)
 
-    def _unknown_kinds(self, jobs: list[Job]) -> None:
+    def _unknown_kinds(self, jobs: list[Job[Any]]) -> None:
         """No handler here: retry with backoff (DLQ only when attempts run out).
 
         During a rolling deploy producers may know a kind before this worker
@@ -258,7 +264,7 @@ class Executor:
         """The running average time of one sync handler call (None until measured; async: None)."""
         return self._avg_handler_s
 
-    def is_async(self, job: Job) -> bool:
+    def is_async(self, job: Job[Any]) -> bool:
         spec = self.registry.get(job.kind)
         return spec is not None and spec.is_async
 
@@ -277,7 +283,7 @@ class Executor:
             chunk = self._work.get()
             if chunk is None:
                 return
-            done: list[tuple[Job, Outcome | Unwritten]] = []
+            done: list[tuple[Job[Any], Outcome | Unwritten]] = []
             t0 = perf()
             try:
                 for i, job in enumerate(chunk):
@@ -298,7 +304,7 @@ class Executor:
                 avg = self._avg_handler_s
                 self._avg_handler_s = per_job if avg is None else 0.8 * avg + 0.2 * per_job
 
-    def _run_sync(self, job: Job) -> Outcome | Unwritten:
+    def _run_sync(self, job: Job[Any]) -> Outcome | Unwritten:
         spec = self.registry.get(job.kind)
         if spec is None:
             return Outcome(CloseCode.RETRY, error=unknown_kind_text(job.kind))
@@ -310,7 +316,7 @@ class Executor:
         finally:
             self._slots.release(spec.weight)
 
-    def _run_sync_attempt(self, job: Job, spec: JobSpec) -> Outcome | Unwritten:
+    def _run_sync_attempt(self, job: Job[Any], spec: JobSpec) -> Outcome | Unwritten:
         job.started_at = time.time()
         timeout = attempt_timeout(job, spec)
         if timeout is not None:
@@ -341,14 +347,14 @@ class Executor:
             self._hooks.thread_died("the event loop thread", RuntimeError(
                 "the event loop stopped while the claimer runs (loop.stop() in a handler?)"))
 
-    def _spawn_async(self, jobs: list[Job]) -> None:
+    def _spawn_async(self, jobs: list[Job[Any]]) -> None:
         if self._async_slots is None:
             self._async_slots = asyncio.Semaphore(self.concurrency)
             self._async_weight_gate = asyncio.Lock()  # one weighted task gathers its slots at a time
         for job in jobs:
             job._task = asyncio.ensure_future(self._run_async(job))  # noqa: SLF001 - cancelled when stale
 
-    async def _run_async(self, job: Job) -> None:
+    async def _run_async(self, job: Job[Any]) -> None:
         assert self._async_slots is not None and self._async_weight_gate is not None
         outcome: Outcome | Unwritten = _HAND_BACK
         slots = self._async_slots
@@ -375,7 +381,7 @@ class Executor:
                 slots.release()
             self._finish([(job, outcome)])
 
-    async def _run_async_handler(self, job: Job) -> Outcome | Unwritten:
+    async def _run_async_handler(self, job: Job[Any]) -> Outcome | Unwritten:
         spec = self.registry[job.kind]
         job.started_at = time.time()
         timeout = attempt_timeout(job, spec)
@@ -397,7 +403,7 @@ class Executor:
 
     # -- handler result to outcome ----------------------------------------------------
 
-    def _failed(self, job: Job, spec: JobSpec, exc: BaseException) -> Outcome:
+    def _failed(self, job: Job[Any], spec: JobSpec, exc: BaseException) -> Outcome:
         """The outcome of a handler that raised ``exc``, logged (WARNING, the traceback at DEBUG).
 
         ``TerminalError`` fails the job (DLQ); so does job args that do not decode into the
@@ -424,7 +430,7 @@ class Executor:
         return Outcome(code, error=text)
 
     @staticmethod
-    def _bad_args(job: Job) -> bool:
+    def _bad_args(job: Job[Any]) -> bool:
         """True if the job's args do not decode into its kind's args_type (the failure path only)."""
         try:
             job.args  # noqa: B018 - decodes again: a failed decode is not cached
@@ -434,7 +440,7 @@ class Executor:
             return False
         return False
 
-    def _interrupted(self, job: Job, exc: BaseException) -> Outcome | Unwritten:
+    def _interrupted(self, job: Job[Any], exc: BaseException) -> Outcome | Unwritten:
         """The outcome of an attempt whose handler raised ``exc`` (anything but TerminalError).
 
         A CancelledError after this claimer cancelled the task is no failure:
@@ -448,7 +454,7 @@ class Executor:
                 return Outcome(CloseCode.CANCEL, error="cancelled while running (cancel requested)")
         return Outcome(CloseCode.RETRY, error=failure_text(exc))
 
-    def _finish(self, done: list[tuple[Job, Outcome | Unwritten]]) -> None:
+    def _finish(self, done: list[tuple[Job[Any], Outcome | Unwritten]]) -> None:
         """Hand finished attempts to the batcher and free their local capacity."""
         parked = [job for job, outcome in done if outcome is Unwritten.PARKED]
         if parked:
@@ -464,11 +470,11 @@ class Executor:
 
     # -- handler timeouts -------------------------------------------------------------
 
-    def _arm_timeout(self, job: Job, timeout: float) -> None:
+    def _arm_timeout(self, job: Job[Any], timeout: float) -> None:
         with self._timed_lock:
             self._timed[(job.id, job.run_lease)] = [time.monotonic() + timeout, job, timeout, False]
 
-    def _disarm(self, done: list[tuple[Job, Outcome | Unwritten]]) -> list[tuple[Job, Outcome | Unwritten]]:
+    def _disarm(self, done: list[tuple[Job[Any], Outcome | Unwritten]]) -> list[tuple[Job[Any], Outcome | Unwritten]]:
         """Take finished attempts out of the timeout watch; drop the outcome of one already timed out.
 
         Under the lock, so an attempt's outcome is either its handler's (the watchdog has not
@@ -525,7 +531,7 @@ class Executor:
             for _, job, _, _ in fired:
                 job._stale = True  # noqa: SLF001 - whatever the handler returns now is discarded
                 job._cancelled = True  # noqa: SLF001
-            out: list[tuple[Job, Outcome | Unwritten]] = [
+            out: list[tuple[Job[Any], Outcome | Unwritten]] = [
                 (job, Outcome(CloseCode.RETRY, error=timeout_text(timeout))) for _, job, timeout, _ in fired]
             # submitted under the lock: the drain cannot stop the batcher between fire and submit
             self._batcher.submit_many(out)
@@ -542,7 +548,7 @@ class Executor:
 
     # -- attempts closed elsewhere while running --------------------------------------
 
-    def attempts_lost(self, jobs: list[Job]) -> None:
+    def attempts_lost(self, jobs: list[Job[Any]]) -> None:
         """The heartbeat found these attempts stale: rescued (deadline, heartbeat timeout) or closed elsewhere.
 
         ``job.is_cancelled()`` is already True. An async handler's task is
@@ -569,7 +575,7 @@ class Executor:
                 self._abandoned.update(self._attempts.held_among(abandoned))
             self.publish_abandoned()
 
-    def cancel_requested(self, jobs: list[Job]) -> None:
+    def cancel_requested(self, jobs: list[Job[Any]]) -> None:
         """An operator asked to cancel these running attempts: cancel the async ones' tasks."""
         for job in jobs:
             if self.is_async(job):
@@ -577,7 +583,7 @@ class Executor:
                          job.run_lease, extra={"action": "attempt_cancel"})
                 self._cancel_task(job)
 
-    def _cancel_task(self, job: Job) -> None:
+    def _cancel_task(self, job: Job[Any]) -> None:
         loop = self._loop
         if loop is None:
             return
@@ -591,7 +597,7 @@ class Executor:
         except RuntimeError:  # the loop is closed: nothing runs there any more
             pass
 
-    def _abandoned_returned(self, done: list[tuple[Job, Outcome | Unwritten]]) -> None:
+    def _abandoned_returned(self, done: list[tuple[Job[Any], Outcome | Unwritten]]) -> None:
         """Abandoned sync handlers that returned: nothing to write, and no longer counted."""
         changed = False
         with self._abandoned_lock:

@@ -9,6 +9,7 @@ stores.
 from __future__ import annotations
 
 import traceback
+from typing import Any
 
 import msgspec
 
@@ -107,7 +108,7 @@ def result_outcome(value: object) -> Outcome:
         return Outcome(CloseCode.RETRY, error=clean_text(text))
 
 
-def returned_outcome(job: Job, result: object) -> Outcome | Unwritten:
+def returned_outcome(job: Job[Any], result: object) -> Outcome | Unwritten:
     """The outcome of a handler of ``job`` that returned ``result``.
 
     ``WaitForCallback`` registers the callback here (on the handler's

@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 import psycopg
@@ -57,13 +58,13 @@ class Heartbeat:
     """The heartbeat thread of one claimer."""
 
     def __init__(self, config: HeartbeatConfig, attempts: AttemptTable, *,
-                 on_lost: Callable[[list[Job]], None] | None = None,
-                 on_cancel: Callable[[list[Job]], None] | None = None,
+                 on_lost: Callable[[list[Job[Any]]], None] | None = None,
+                 on_cancel: Callable[[list[Job[Any]]], None] | None = None,
                  on_death: Callable[[BaseException], None] | None = None) -> None:
         self.config = config
         self.storage = Storage(config.schema)
         self._attempts = attempts
-        self._dirty: dict[Key, Job] = {}
+        self._dirty: dict[Key, Job[Any]] = {}
         self._lock = threading.Lock()  # guards _dirty (handler threads add, this thread takes)
         self._stop = threading.Event()
         self._kick = threading.Event()
@@ -78,7 +79,7 @@ class Heartbeat:
         # Stale answers not yet acted on: key -> (job, when). Our own completion, committed
         # while this batch ran, also reads stale; it leaves the table within milliseconds, so
         # an attempt still held one tick later was really rescued or closed elsewhere.
-        self._suspect: dict[Key, tuple[Job, float]] = {}
+        self._suspect: dict[Key, tuple[Job[Any], float]] = {}
         self.sent = 0
         self.stale = 0
         self.gil_stalls = 0
@@ -95,7 +96,7 @@ class Heartbeat:
         if self._conn is not None and not self._conn.closed:
             self._conn.close()
 
-    def progress_changed(self, job: Job) -> None:
+    def progress_changed(self, job: Job[Any]) -> None:
         """Mark a job's progress for the next heartbeat batch."""
         with self._lock:
             self._dirty[(job.id, job.run_lease)] = job
@@ -142,7 +143,7 @@ class Heartbeat:
     def _confirm_lost(self, now: float) -> None:
         """Stale attempts still held a tick later were rescued or closed elsewhere: tell them."""
         grace = min(self.config.interval / 4, 0.5)
-        lost: list[Job] = []
+        lost: list[Job[Any]] = []
         held = self._attempts.held_among(self._suspect)
         for key, (job, seen) in list(self._suspect.items()):
             if key not in held:
@@ -155,7 +156,7 @@ class Heartbeat:
         if lost and self.on_lost is not None:
             self.on_lost(lost)
 
-    def _encoded(self, job: Job) -> RawJson | None:
+    def _encoded(self, job: Job[Any]) -> RawJson | None:
         """The job's progress as JSON bytes (``set_progress`` encodes it already); None if unusable."""
         p = job._progress  # noqa: SLF001 - the runtime owns this field
         if p is None or type(p) is RawJson:
@@ -166,14 +167,14 @@ class Heartbeat:
             self._drop_progress(job, exc)
             return None
 
-    def _drop_progress(self, job: Job, exc: BaseException) -> None:
+    def _drop_progress(self, job: Job[Any], exc: BaseException) -> None:
         job._progress = None  # noqa: SLF001 - dropped: never sent again
         self.dropped_progress += 1
         log.error("progress of job %d (run_lease %d) cannot be stored and was dropped: %s", job.id,
                   job.run_lease, str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
                   extra={"action": "progress_dropped"})
 
-    def _send(self, jobs: Sequence[Job], progress: Sequence[RawJson | None]) -> list[AttemptResult]:
+    def _send(self, jobs: Sequence[Job[Any]], progress: Sequence[RawJson | None]) -> list[AttemptResult]:
         if self._conn is None or self._conn.closed:
             self._conn = connect(self.config.dsn, application_name=self.config.application_name)
         return self.storage.attempt_heartbeat(self._conn, [j.snapshot for j in jobs], progress)
@@ -183,7 +184,7 @@ class Heartbeat:
         conn = self._conn
         return conn is None or conn.closed or conn.broken or isinstance(exc, psycopg.InterfaceError)
 
-    def _send_around_bad_progress(self, jobs: list[Job], progress: list[RawJson | None],
+    def _send_around_bad_progress(self, jobs: list[Job[Any]], progress: list[RawJson | None],
                                   first: psycopg.Error) -> list[AttemptResult]:
         """The batch failed on its data: heartbeat it without progress, then try each progress alone.
 
@@ -195,7 +196,7 @@ class Heartbeat:
             log.error("heartbeat of %d attempts failed: %s", len(jobs), first, extra={"action": "heartbeat_error"})
             raise _BatchFailed(str(first)) from first
         results = self._send(jobs, [None] * len(jobs))
-        for job, p in zip(jobs, progress):
+        for job, p in zip(jobs, progress, strict=True):
             if p is None:
                 continue
             try:
@@ -206,9 +207,9 @@ class Heartbeat:
                 self._drop_progress(job, exc)
         return results
 
-    def _apply(self, results: list[AttemptResult], jobs: list[Job]) -> None:
+    def _apply(self, results: list[AttemptResult], jobs: list[Job[Any]]) -> None:
         by_key = {(j.id, j.run_lease): j for j in jobs}
-        cancel: list[Job] = []
+        cancel: list[Job[Any]] = []
         stale: list[Key] = []
         live: list[Key] = []
         for r in results:  # results come back in lock order, not input order

@@ -8,18 +8,19 @@ import logging
 import os
 import sys
 import traceback
+from typing import TYPE_CHECKING
 
 from awa_fast.errors import ConfigError
+
+if TYPE_CHECKING:
+    from awa_fast.app import App
 
 log = logging.getLogger("awa_fast.loader")
 
 
 def _cwd_on_path() -> bool:
     cwd = os.getcwd()
-    for entry in sys.path:
-        if entry in ("", ".") or (entry and os.path.abspath(entry) == cwd):
-            return True
-    return False
+    return any(entry in ("", ".") or (entry and os.path.abspath(entry) == cwd) for entry in sys.path)
 
 
 def _make_importable(module_name: str) -> None:
@@ -49,7 +50,7 @@ def _where(exc: BaseException) -> str:
     return f" ({last.filename}:{last.lineno})"
 
 
-def load_app(ref: str):  # noqa: ANN201 - returns awa_fast.app.App
+def load_app(ref: str) -> App:
     """Import ``module.path:attribute`` and return the App.
 
     The module is imported from the environment; the working directory is
@@ -78,7 +79,7 @@ def load_app(ref: str):  # noqa: ANN201 - returns awa_fast.app.App
         first = (str(exc).strip().splitlines() or [""])[0]
         raise ConfigError(f"importing {module_name!r} for app {ref!r} raised {type(exc).__name__}"
                           f"{': ' + first if first else ''}{_where(exc)}") from None
-    obj = module
+    obj: object = module
     for part in attr.split("."):
         obj = getattr(obj, part, None)
         if obj is None:

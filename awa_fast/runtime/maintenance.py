@@ -265,14 +265,13 @@ class Maintenance:
         """Elect, then run services until :meth:`stop`; re-elect after a lost connection."""
         tick = min(self.config.promote_interval, self.config.prune_interval, self.config.election_interval)
         while not self._stop.is_set():
-            if not self._leader:
-                if not self.try_lead():
-                    if self._publish is not None:
-                        self._publish(self.snapshot())
-                    if self.parent_pid is not None and os.getppid() != self.parent_pid:
-                        break
-                    self._stop.wait(self.config.election_interval)
-                    continue
+            if not self._leader and not self.try_lead():
+                if self._publish is not None:
+                    self._publish(self.snapshot())
+                if self.parent_pid is not None and os.getppid() != self.parent_pid:
+                    break
+                self._stop.wait(self.config.election_interval)
+                continue
             try:
                 self.run_once()
             except (psycopg.OperationalError, DatabaseUnavailable) as exc:

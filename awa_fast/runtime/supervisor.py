@@ -125,7 +125,8 @@ def hide_dsn_password(dsn: str) -> bool:
     from psycopg.conninfo import conninfo_to_dict
 
     try:
-        password = conninfo_to_dict(dsn).get("password")
+        given = conninfo_to_dict(dsn).get("password")
+        password = None if given is None else str(given)
     except ProgrammingError:
         password = None
         secret = True  # unparseable: hide all of it
@@ -333,7 +334,9 @@ class Supervisor:
             now = time.monotonic()
             pending = [c.next_start - now for c in self._children if c.process is None]
             timeout = max(0.01, min([0.5, *pending]))
-            ready = wait(live, timeout) if live else (time.sleep(timeout) or [])
+            if not live:
+                time.sleep(timeout)  # no child to wait on: only the restart schedule
+            ready = wait(live, timeout) if live else []
             now = time.monotonic()
             for child in self._children:
                 proc = child.process

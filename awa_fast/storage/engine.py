@@ -20,15 +20,16 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import psycopg
 
 from awa_fast import _impl
 from awa_fast.errors import ConfigError, SchemaNotMigrated, SchemaTooNew
 from awa_fast.jobs import ClaimSnapshot
+from awa_fast.limits import KEEP as _LIMIT_KEEP
 from awa_fast.storage.connection import clean_text
 from awa_fast.storage.copy_rows import encode_done_result_rows
 from awa_fast.storage.keys import KeyLimitQueries
@@ -36,7 +37,7 @@ from awa_fast.storage.schema import latest_version, named_queries, render, valid
 from awa_fast.storage.sessions import SessionQueries
 from awa_fast.storage.types import AttemptResult, LaneRange, RawJson, as_jsonb
 
-from awa_fast.limits import KEEP as _LIMIT_KEEP
+R = TypeVar("R")
 
 if TYPE_CHECKING:
     from awa_fast.limits import QueueLimits
@@ -47,10 +48,14 @@ if TYPE_CHECKING:
 _MAX_DEADLINE_S = 10 * 365 * 86400.0
 DEFAULT_DEADLINE_S = 3600.0  # queue_meta.deadline default (sql/0005_runtime_hardening.sql)
 
-_READY_COPY = "COPY __SCHEMA__.ready_entries_{slot} (ready_slot, lane_id, lane_seq, job_id, kind, args, metadata, attempt, max_attempts, lease_base) FROM STDIN (FORMAT binary)"
-_DONE_COPY = "COPY __SCHEMA__.done_entries (ready_slot, job_id, lane_id, lane_seq, run_lease, attempt, state, queue, kind) FROM STDIN (FORMAT binary)"
-_DONE_RESULT_COPY = "COPY __SCHEMA__.done_entries (ready_slot, job_id, lane_id, lane_seq, run_lease, attempt, state, queue, kind, result) FROM STDIN (FORMAT binary)"
-_CLOSURE_COPY = "COPY __SCHEMA__.lease_claim_closures (claim_slot, claim_id, job_id, run_lease, outcome) FROM STDIN (FORMAT binary)"
+_READY_COPY = ("COPY __SCHEMA__.ready_entries_{slot} (ready_slot, lane_id, lane_seq, job_id, kind, args, metadata,"
+               " attempt, max_attempts, lease_base) FROM STDIN (FORMAT binary)")
+_DONE_COPY = ("COPY __SCHEMA__.done_entries (ready_slot, job_id, lane_id, lane_seq, run_lease, attempt, state, queue,"
+              " kind) FROM STDIN (FORMAT binary)")
+_DONE_RESULT_COPY = ("COPY __SCHEMA__.done_entries (ready_slot, job_id, lane_id, lane_seq, run_lease, attempt, state,"
+                     " queue, kind, result) FROM STDIN (FORMAT binary)")
+_CLOSURE_COPY = ("COPY __SCHEMA__.lease_claim_closures (claim_slot, claim_id, job_id, run_lease, outcome)"
+                 " FROM STDIN (FORMAT binary)")
 
 
 class Storage(KeyLimitQueries, SessionQueries):
@@ -207,7 +212,7 @@ class Storage(KeyLimitQueries, SessionQueries):
         stale_set: set[tuple[int, int]] = set()
         if closed:
             gone = {int(cid) for cid, j, _ in closed if j is None}
-            closed_attempts = {(int(j), int(l)) for _, j, l in closed if j is not None}
+            closed_attempts = {(int(j), int(lease)) for _, j, lease in closed if j is not None}
             stale_set = {(s.job_id, s.run_lease) for s in snapshots
                          if s.claim_id in gone or (s.job_id, s.run_lease) in closed_attempts}
             live = [s for s in snapshots if (s.job_id, s.run_lease) not in stale_set]
@@ -239,7 +244,7 @@ class Storage(KeyLimitQueries, SessionQueries):
         if not wanted:
             return set()
         rows = conn.execute(self.q["attempts_completed"], ([j for j, _ in wanted],)).fetchall()
-        return {(int(j), int(l)) for j, l in rows} & wanted
+        return {(int(j), int(lease)) for j, lease in rows} & wanted
 
     def receipt_lock(self, conn: psycopg.Connection, claim_ids: Iterable[int]) -> None:
         """Take the receipts' advisory locks in ascending order (within the current transaction).
@@ -266,7 +271,7 @@ class Storage(KeyLimitQueries, SessionQueries):
             [s.lane_seq for s in snapshots], [s.attempt for s in snapshots],
             [s.queue for s in snapshots], [s.kind for s in snapshots],
             [(s.job_id, s.run_lease) in ws for s in snapshots])).fetchall()
-        return sorted((int(j), int(l)) for j, l in rows)
+        return sorted((int(j), int(lease)) for j, lease in rows)
 
     # -- results, progress, history retention (migration 0005) ------------------
 
@@ -293,7 +298,7 @@ class Storage(KeyLimitQueries, SessionQueries):
             leased = [it for it in items if it[1]]
             if leased:
                 snaps = [it[0] for it in leased]
-                stale += [(int(j), int(l)) for j, l in conn.execute(self.q["receipt_complete_results"], (
+                stale += [(int(j), int(lease)) for j, lease in conn.execute(self.q["receipt_complete_results"], (
                     [s.claim_slot for s in snaps], [s.claim_id for s in snaps],
                     [s.job_id for s in snaps], [s.run_lease for s in snaps],
                     [s.ready_slot for s in snaps], [s.lane_id for s in snaps],
@@ -314,7 +319,7 @@ class Storage(KeyLimitQueries, SessionQueries):
         stale: set[tuple[int, int]] = set()
         if closed:
             gone = {int(cid) for cid, j, _ in closed if j is None}
-            closed_attempts = {(int(j), int(l)) for _, j, l in closed if j is not None}
+            closed_attempts = {(int(j), int(lease)) for _, j, lease in closed if j is not None}
             stale = {(s.job_id, s.run_lease) for s, _, _ in items
                      if s.claim_id in gone or (s.job_id, s.run_lease) in closed_attempts}
             live = [it for it in items if (it[0].job_id, it[0].run_lease) not in stale]
@@ -362,7 +367,7 @@ class Storage(KeyLimitQueries, SessionQueries):
             [s.claim_slot for s, _, _, _ in items], [s.claim_id for s, _, _, _ in items],
             [o for _, o, _, _ in items], [d for _, _, d, _ in items],
             [clean_text(e) for _, _, _, e in items])).fetchall()
-        return [AttemptResult(int(j), int(l), st) for j, l, st in rows]
+        return [AttemptResult(int(j), int(lease), st) for j, lease, st in rows]
 
     def attempt_heartbeat(self, conn: psycopg.Connection, snapshots: Sequence[ClaimSnapshot],
                           progress: Sequence[RawJson | None] | None = None) -> list[AttemptResult]:
@@ -377,7 +382,7 @@ class Storage(KeyLimitQueries, SessionQueries):
         rows = conn.execute(self.q["attempt_heartbeat"], (
             [s.job_id for s in snapshots], [s.run_lease for s in snapshots],
             [s.claim_slot for s in snapshots], [s.claim_id for s in snapshots], list(progress))).fetchall()
-        return [AttemptResult(int(j), int(l), st) for j, l, st in rows]
+        return [AttemptResult(int(j), int(lease), st) for j, lease, st in rows]
 
     def attempt_register_callback(self, conn: psycopg.Connection, snapshot: ClaimSnapshot,
                                   timeout: float) -> uuid.UUID | None:
@@ -520,12 +525,13 @@ class Storage(KeyLimitQueries, SessionQueries):
         """Settings of every known queue; ``deadline_s`` is None when the queue has no deadline."""
         keys = ("queue", "paused", "stripes", "enqueue_shards", "dlq_enabled", "deadline_s", "heartbeat_timeout_s",
                 "history_retention_s")
-        return [dict(zip(keys, r)) for r in conn.execute(self.q["queue_list"]).fetchall()]
+        return [dict(zip(keys, r, strict=False)) for r in conn.execute(self.q["queue_list"]).fetchall()]
 
     def dlq_list(self, conn: psycopg.Connection, queue: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
         """DLQ entries, newest first."""
         keys = ("job_id", "queue", "kind", "attempt", "max_attempts", "reason", "failed_at", "args")
-        return [dict(zip(keys, r)) for r in conn.execute(self.q["dlq_list"], {"queue": queue, "limit": limit})]
+        rows = conn.execute(self.q["dlq_list"], {"queue": queue, "limit": limit})
+        return [dict(zip(keys, r, strict=False)) for r in rows]
 
     def dlq_retry(self, conn: psycopg.Connection, job_ids: Sequence[int] | None = None,
                   queue: str | None = None) -> list[int]:
@@ -612,7 +618,7 @@ class Storage(KeyLimitQueries, SessionQueries):
         keys = ("job_id", "queue", "kind", "priority", "args", "metadata", "state", "run_at")
         out = []
         for r in conn.execute(self.q["job_pending_list"], {"kind": kind, "queue": queue}).fetchall():
-            d = dict(zip(keys, r))
+            d = dict(zip(keys, r, strict=False))
             for k in ("args", "metadata"):
                 if isinstance(d[k], (bytes, bytearray, memoryview)):
                     d[k] = orjson.loads(bytes(d[k]))
@@ -632,30 +638,37 @@ class Storage(KeyLimitQueries, SessionQueries):
     # description, so the two can never disagree. Jsonb comes back decoded
     # whether or not the connection uses :func:`use_raw_jsonb`.
 
-    def _run(self, conn: psycopg.Connection, stmts: Sequence[_Stmt]) -> Any:
-        result: Any = None
-        for st in stmts:
-            cur = conn.execute(self.q[st.name], st.params)
-            rows = cur.fetchall() if cur.description is not None else []
-            result = st.shape(rows, cur.rowcount)
-        return result
+    def _run(self, conn: psycopg.Connection, stmts: Sequence[_Stmt[Any]]) -> Any:
+        """Run ``stmts`` in order (each one shaped); the shaped result of the last one."""
+        *head, last = stmts
+        for st in head:
+            self._run_one(conn, st)
+        return self._run_one(conn, last)
 
-    async def _run_async(self, conn: psycopg.AsyncConnection, stmts: Sequence[_Stmt]) -> Any:
-        result: Any = None
-        for st in stmts:
-            cur = await conn.execute(self.q[st.name], st.params)
-            rows = await cur.fetchall() if cur.description is not None else []
-            result = st.shape(rows, cur.rowcount)
-        return result
+    def _run_one(self, conn: psycopg.Connection, st: _Stmt[R]) -> R:
+        cur = conn.execute(self.q[st.name], st.params)
+        rows = cur.fetchall() if cur.description is not None else []
+        return st.shape(rows, cur.rowcount)
+
+    async def _run_async(self, conn: psycopg.AsyncConnection, stmts: Sequence[_Stmt[Any]]) -> Any:
+        *head, last = stmts
+        for st in head:
+            await self._run_one_async(conn, st)
+        return await self._run_one_async(conn, last)
+
+    async def _run_one_async(self, conn: psycopg.AsyncConnection, st: _Stmt[R]) -> R:
+        cur = await conn.execute(self.q[st.name], st.params)
+        rows = await cur.fetchall() if cur.description is not None else []
+        return st.shape(rows, cur.rowcount)
 
     def job_load_many(self, conn: psycopg.Connection, job_ids: Sequence[int]) -> list[dict[str, Any] | None]:
         """Each job (``job_load``'s dict plus ``progress``) in the order given; None where unknown."""
-        return self._run(conn, [_job_load_many(job_ids)])
+        return self._run_one(conn, _job_load_many(job_ids))
 
     async def job_load_many_async(self, conn: psycopg.AsyncConnection,
                                   job_ids: Sequence[int]) -> list[dict[str, Any] | None]:
         """Async twin of :meth:`job_load_many`."""
-        return await self._run_async(conn, [_job_load_many(job_ids)])
+        return await self._run_one_async(conn, _job_load_many(job_ids))
 
     def job_list(self, conn: psycopg.Connection, *, queue: str | None = None, kind: str | None = None,
                  state: str | None = None, limit: int = 100, before_id: int | None = None) -> list[dict[str, Any]]:
@@ -664,10 +677,10 @@ class Storage(KeyLimitQueries, SessionQueries):
         cursor = before_id
         while len(out) < limit:
             page = max(limit, 100)
-            ids = self._run(conn, [_job_list_ids(queue, kind, state, page, cursor)])
+            ids = self._run_one(conn, _job_list_ids(queue, kind, state, page, cursor))
             if not ids:
                 break
-            out.extend(_keep_state(self._run(conn, [_job_load_many(ids)]), state))
+            out.extend(_keep_state(self._run_one(conn, _job_load_many(ids)), state))
             if len(ids) < page:
                 break
             cursor = ids[-1]
@@ -681,10 +694,10 @@ class Storage(KeyLimitQueries, SessionQueries):
         cursor = before_id
         while len(out) < limit:
             page = max(limit, 100)
-            ids = await self._run_async(conn, [_job_list_ids(queue, kind, state, page, cursor)])
+            ids = await self._run_one_async(conn, _job_list_ids(queue, kind, state, page, cursor))
             if not ids:
                 break
-            out.extend(_keep_state(await self._run_async(conn, [_job_load_many(ids)]), state))
+            out.extend(_keep_state(await self._run_one_async(conn, _job_load_many(ids)), state))
             if len(ids) < page:
                 break
             cursor = ids[-1]
@@ -692,30 +705,30 @@ class Storage(KeyLimitQueries, SessionQueries):
 
     def job_retry(self, conn: psycopg.Connection, job_id: int) -> str | None:
         """Retry one job now: ``retried`` (from the DLQ), ``due_now`` (deferred), or None."""
-        return self._run(conn, [_job_retry(job_id)])
+        return self._run_one(conn, _job_retry(job_id))
 
     async def job_retry_async(self, conn: psycopg.AsyncConnection, job_id: int) -> str | None:
         """Async twin of :meth:`job_retry`."""
-        return await self._run_async(conn, [_job_retry(job_id)])
+        return await self._run_one_async(conn, _job_retry(job_id))
 
     async def job_cancel_async(self, conn: psycopg.AsyncConnection, job_id: int) -> str:
         """Async twin of :meth:`job_cancel`."""
-        return await self._run_async(conn, [_Stmt("job_cancel", (job_id,), _first_text)])
+        return await self._run_one_async(conn, _Stmt("job_cancel", (job_id,), _first_text))
 
     async def callback_resolve_async(self, conn: psycopg.AsyncConnection, token: uuid.UUID | str, action: str,
                                      payload: RawJson | None = None, error: str | None = None) -> str:
         """Async twin of :meth:`callback_resolve`."""
-        return await self._run_async(conn, [_Stmt("callback_resolve", (str(token), action, payload,
-                                                                       clean_text(error)), _first_text)])
+        return await self._run_one_async(conn, _Stmt("callback_resolve", (str(token), action, payload,
+                                                                       clean_text(error)), _first_text))
 
     def queue_settings(self, conn: psycopg.Connection, queue: str | None = None) -> list[dict[str, Any]]:
         """Every setting of ``queue`` (or of every queue); durations in seconds."""
-        return self._run(conn, [_queue_settings(queue)])
+        return self._run_one(conn, _queue_settings(queue))
 
     async def queue_settings_async(self, conn: psycopg.AsyncConnection,
                                    queue: str | None = None) -> list[dict[str, Any]]:
         """Async twin of :meth:`queue_settings`."""
-        return await self._run_async(conn, [_queue_settings(queue)])
+        return await self._run_one_async(conn, _queue_settings(queue))
 
     async def queue_configure_async(self, conn: psycopg.AsyncConnection, queue: str, *,
                                     stripes: int | None = None, enqueue_shards: int | None = None,
@@ -732,41 +745,41 @@ class Storage(KeyLimitQueries, SessionQueries):
 
     async def queue_pause_async(self, conn: psycopg.AsyncConnection, queue: str, paused: bool = True) -> bool:
         """Async twin of :meth:`queue_pause`."""
-        return await self._run_async(conn, [_Stmt("queue_pause", (paused, queue), lambda _r, n: n > 0)])
+        return await self._run_one_async(conn, _Stmt("queue_pause", (paused, queue), lambda _r, n: n > 0))
 
     async def queue_counts_exact_async(self, conn: psycopg.AsyncConnection) -> dict[str, dict[str, int]]:
         """Async twin of :meth:`queue_counts_exact`."""
-        return await self._run_async(conn, [_Stmt("queue_counts_exact", (), _counts)])
+        return await self._run_one_async(conn, _Stmt("queue_counts_exact", (), _counts))
 
     def dlq_select(self, conn: psycopg.Connection, job_ids: Sequence[int] | None = None,
                    queue: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
         """DLQ entries matching ``job_ids`` and/or ``queue`` (both when both are given), newest first."""
-        return self._run(conn, [_dlq_select(job_ids, queue, limit)])
+        return self._run_one(conn, _dlq_select(job_ids, queue, limit))
 
     async def dlq_select_async(self, conn: psycopg.AsyncConnection, job_ids: Sequence[int] | None = None,
                                queue: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
         """Async twin of :meth:`dlq_select`."""
-        return await self._run_async(conn, [_dlq_select(job_ids, queue, limit)])
+        return await self._run_one_async(conn, _dlq_select(job_ids, queue, limit))
 
     def dlq_retry_where(self, conn: psycopg.Connection, job_ids: Sequence[int] | None = None,
                         queue: str | None = None) -> list[int]:
         """Move DLQ entries matching ``job_ids`` and/or ``queue`` back to ready; returns their ids."""
-        return self._run(conn, [_dlq_where("dlq_retry_where", job_ids, queue)])
+        return self._run_one(conn, _dlq_where("dlq_retry_where", job_ids, queue))
 
     async def dlq_retry_where_async(self, conn: psycopg.AsyncConnection, job_ids: Sequence[int] | None = None,
                                     queue: str | None = None) -> list[int]:
         """Async twin of :meth:`dlq_retry_where`."""
-        return await self._run_async(conn, [_dlq_where("dlq_retry_where", job_ids, queue)])
+        return await self._run_one_async(conn, _dlq_where("dlq_retry_where", job_ids, queue))
 
     def dlq_purge_where(self, conn: psycopg.Connection, job_ids: Sequence[int] | None = None,
                         queue: str | None = None) -> list[int]:
         """Delete DLQ entries matching ``job_ids`` and/or ``queue``; returns their ids."""
-        return self._run(conn, [_dlq_where("dlq_purge_where", job_ids, queue)])
+        return self._run_one(conn, _dlq_where("dlq_purge_where", job_ids, queue))
 
     async def dlq_purge_where_async(self, conn: psycopg.AsyncConnection, job_ids: Sequence[int] | None = None,
                                     queue: str | None = None) -> list[int]:
         """Async twin of :meth:`dlq_purge_where`."""
-        return await self._run_async(conn, [_dlq_where("dlq_purge_where", job_ids, queue)])
+        return await self._run_one_async(conn, _dlq_where("dlq_purge_where", job_ids, queue))
 
     async def schema_check_async(self, conn: psycopg.AsyncConnection) -> None:
         """Async twin of :meth:`schema_check`."""
@@ -924,7 +937,8 @@ class Storage(KeyLimitQueries, SessionQueries):
         """The database clock."""
         row = conn.execute(self.q["db_now"]).fetchone()
         assert row is not None
-        return row[0]
+        now: _dt.datetime = row[0]
+        return now
 
     def schedule_fire(self, conn: psycopg.Connection, name: str, tick: _dt.datetime | None,
                       prev: _dt.datetime | None, coalesced: int, cron: str, timezone: str,
@@ -942,7 +956,7 @@ class Storage(KeyLimitQueries, SessionQueries):
         rows = conn.execute(self.q["schedule_list"]).fetchall()
         if not rows:
             return self.db_now(conn), []
-        return rows[0][0], [dict(zip(keys, r[1:])) for r in rows]
+        return rows[0][0], [dict(zip(keys, r[1:], strict=False)) for r in rows]
 
     def schedule_pause(self, conn: psycopg.Connection, name: str, paused: bool = True) -> bool:
         """Pause (or resume) a schedule; False if it is unknown."""
@@ -951,7 +965,7 @@ class Storage(KeyLimitQueries, SessionQueries):
     def schedule_fires_list(self, conn: psycopg.Connection, name: str) -> list[dict[str, Any]]:
         """The fire ledger of one schedule, oldest first."""
         keys = ("tick", "prev_tick", "coalesced", "manual", "job_id", "held_by", "fired_at")
-        return [dict(zip(keys, r)) for r in conn.execute(self.q["schedule_fires_list"], (name,))]
+        return [dict(zip(keys, r, strict=False)) for r in conn.execute(self.q["schedule_fires_list"], (name,))]
 
     def schedule_fires_prune(self, conn: psycopg.Connection, keep_s: float, limit: int = 1000) -> int:
         """Delete fires older than ``keep_s`` seconds (one batch); returns how many."""
@@ -962,10 +976,10 @@ class Storage(KeyLimitQueries, SessionQueries):
 
 
 @dataclass(frozen=True, slots=True)
-class _Stmt:
+class _Stmt(Generic[R]):
     name: str
     params: Any
-    shape: Any  # (rows, rowcount) -> result
+    shape: Callable[[list[tuple[Any, ...]], int], R]  # (rows, rowcount) -> result
 
 
 # Where each job state can live, for job_list_ids' per-plane switches.
@@ -985,7 +999,7 @@ def _json_value(value: Any) -> Any:
     return value
 
 
-def _job_load_many(job_ids: Sequence[int]) -> _Stmt:
+def _job_load_many(job_ids: Sequence[int]) -> _Stmt[list[dict[str, Any] | None]]:
     def shape(rows: list[tuple[Any, ...]], _n: int) -> list[dict[str, Any] | None]:
         out: list[dict[str, Any] | None] = []
         for _job_id, value, progress in rows:
@@ -1001,9 +1015,9 @@ def _job_load_many(job_ids: Sequence[int]) -> _Stmt:
 
 
 def _job_list_ids(queue: str | None, kind: str | None, state: str | None, limit: int,
-                  before: int | None) -> _Stmt:
+                  before: int | None) -> _Stmt[list[int]]:
     planes = _STATE_PLANES[state] if state is not None else {"ready", "done", "deferred", "dlq", "leases"}
-    params = {p: p in planes for p in ("ready", "done", "deferred", "dlq", "leases")}
+    params: dict[str, Any] = {p: p in planes for p in ("ready", "done", "deferred", "dlq", "leases")}
     params.update(queue=queue, kind=kind, limit=limit, before=before)
     return _Stmt("job_list_ids", params, lambda rows, _n: [int(r[0]) for r in rows])
 
@@ -1012,26 +1026,30 @@ def _keep_state(jobs: list[dict[str, Any] | None], state: str | None) -> list[di
     return [j for j in jobs if j is not None and (state is None or j.get("state") == state)]
 
 
-def _job_retry(job_id: int) -> _Stmt:
-    return _Stmt("job_retry", {"job_id": job_id}, lambda rows, _n: rows[0][0] if rows else None)
+def _job_retry(job_id: int) -> _Stmt[str | None]:
+    def shape(rows: list[tuple[Any, ...]], _n: int) -> str | None:
+        value = rows[0][0] if rows else None
+        return None if value is None else str(value)
+
+    return _Stmt("job_retry", {"job_id": job_id}, shape)
 
 
 _QUEUE_SETTING_KEYS = ("queue", "paused", "stripes", "enqueue_shards", "dlq_enabled", "deadline_s",
-                       "heartbeat_timeout_s", "aging_interval_s", "dlq_retention_s", "created_at", "history_retention_s",
-                       "key_max_running")
+                       "heartbeat_timeout_s", "aging_interval_s", "dlq_retention_s", "created_at",
+                       "history_retention_s", "key_max_running")
 
 
-def _queue_settings(queue: str | None) -> _Stmt:
+def _queue_settings(queue: str | None) -> _Stmt[list[dict[str, Any]]]:
     return _Stmt("queue_settings", {"queue": queue},
-                 lambda rows, _n: [dict(zip(_QUEUE_SETTING_KEYS, r)) for r in rows])
+                 lambda rows, _n: [dict(zip(_QUEUE_SETTING_KEYS, r, strict=False)) for r in rows])
 
 
 _DLQ_KEYS = ("job_id", "queue", "kind", "attempt", "max_attempts", "reason", "failed_at", "args")
 
 
-def _dlq_select(job_ids: Sequence[int] | None, queue: str | None, limit: int) -> _Stmt:
+def _dlq_select(job_ids: Sequence[int] | None, queue: str | None, limit: int) -> _Stmt[list[dict[str, Any]]]:
     def shape(rows: list[tuple[Any, ...]], _n: int) -> list[dict[str, Any]]:
-        out = [dict(zip(_DLQ_KEYS, r)) for r in rows]
+        out = [dict(zip(_DLQ_KEYS, r, strict=False)) for r in rows]
         for row in out:
             row["args"] = _json_value(row["args"])
         return out
@@ -1040,7 +1058,7 @@ def _dlq_select(job_ids: Sequence[int] | None, queue: str | None, limit: int) ->
     return _Stmt("dlq_select", {"ids": ids, "queue": queue, "limit": limit}, shape)
 
 
-def _dlq_where(name: str, job_ids: Sequence[int] | None, queue: str | None) -> _Stmt:
+def _dlq_where(name: str, job_ids: Sequence[int] | None, queue: str | None) -> _Stmt[list[int]]:
     ids = None if job_ids is None else [int(j) for j in job_ids]
     return _Stmt(name, {"ids": ids, "queue": queue}, lambda rows, _n: sorted(int(r[0]) for r in rows))
 
