@@ -249,7 +249,10 @@ class Client:
                             max_attempts: int | None = None, metadata: Any = None,
                             run_at: _dt.datetime | None = None, delay: float | None = None,
                             unique: _unique.Unique | bool | None = None, concurrency_key: str | None = None) -> int:
-        """Enqueue one job on an async connection, inside its transaction (``concurrency_key`` as in :meth:`enqueue`)."""
+        """Enqueue one job on an async connection, inside its transaction.
+
+        ``concurrency_key`` as in :meth:`enqueue`.
+        """
         key = check_concurrency_key(concurrency_key)
         _no_unique_with_key(unique, key is not None)
         q, prio, kind, a, m, attempts, when, wait = self._prepare(

@@ -59,8 +59,12 @@ def test_previous_and_new_enqueue_exclude_each_other_and_keep_commit_order(pg_ds
                                                                         first_version):
     storage.queue_configure(conn, Q, enqueue_shards=1)
     warm_lanes(conn, schema, Q, 2, 1)
-    old = (lambda p, n: _enqueue_v1(schema, p, n))
-    new = (lambda p, n: enqueue(schema, p, Q, {"n": n}))
+    def old(p, n):  # noqa: ANN001, ANN202
+        return _enqueue_v1(schema, p, n)
+
+    def new(p, n):  # noqa: ANN001, ANN202
+        return enqueue(schema, p, Q, {"n": n})
+
     one, two = (old, new) if first_version == "v1" else (new, old)
     with connect(pg_dsn, schema, autocommit=False, tag="p1") as p1, \
             connect(pg_dsn, schema, autocommit=False, tag="p2") as p2:

@@ -11,8 +11,18 @@ import pytest
 import awa_fast
 import awa_fast.jobs as jobs
 import awa_fast.storage as storage
-from awa_fast.outcomes import (COMPLETED, Cancel, CloseCode, ClosureCode, DoneState, Outcome, RetryAfter, Snooze,
-                               Unwritten, WaitForCallback)
+from awa_fast.outcomes import (
+    COMPLETED,
+    Cancel,
+    CloseCode,
+    ClosureCode,
+    DoneState,
+    Outcome,
+    RetryAfter,
+    Snooze,
+    Unwritten,
+    WaitForCallback,
+)
 from awa_fast.runtime.handler_outcome import result_outcome, returned_outcome, timeout_text
 
 
