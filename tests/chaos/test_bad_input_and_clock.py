@@ -126,28 +126,30 @@ def test_no_time_comparison_uses_a_client_supplied_time():
     params = _function_params(sql_dir)
     timed = {name: p for name, p in params.items() if re.search(r"timestamp|interval|\bdate\b|\btime\b", p, re.I)}
     # the only timestamps a function takes: a job's run_at (when the user wants it to run, compared
-    # with now()), also through the unique enqueue (job_enqueue_unique -> job_write); a job's
+    # with now()), also through the unique enqueue (job_enqueue_unique -> job_write), the flat single
+    # enqueue (job_enqueue_v2) and the keyed one (job_enqueue_keyed: greatest(run_at, now())); a job's
     # created_at copied from an earlier row by ready_append (never compared); and a periodic
     # schedule's tick and previous tick (schedule_fire): ledger keys the evaluator computed from
     # the cron expression and the database clock it read (schedule_due_list's now()), compared
     # with now() only to refuse a tick that is not due yet; a unique key's stored expires_at
     # (unique_holds, read from the key row) and the fire ledger's retention interval
     # (schedule_fires_prune: now() - keep), neither of them a clock reading
-    assert set(timed) <= {"job_enqueue", "ready_append", "job_enqueue_unique", "job_write", "schedule_fire",
-                          "unique_holds", "schedule_fires_prune"}, timed
+    assert set(timed) <= {"job_enqueue", "job_enqueue_v2", "job_enqueue_keyed", "ready_append",
+                          "job_enqueue_unique", "job_write", "schedule_fire", "unique_holds",
+                          "schedule_fires_prune"}, timed
     queries = (sql_dir / "queries.sql").read_text()
     timed_queries = {name for name, body in re.findall(r"^-- name: (\w+)\n(.*?)(?=^-- name:|\Z)", queries,
                                                          re.M | re.S)
                      if re.search(r"%s::(?:timestamptz|timestamp|interval|date)\b", body)}
-    assert timed_queries == {"job_enqueue", "job_enqueue_unique", "schedule_fire"}, timed_queries
+    assert timed_queries == {"job_enqueue", "job_enqueue_keyed", "job_enqueue_unique", "schedule_fire"}, timed_queries
     assert "ready_append" not in queries  # only ever called from SQL with stored values
     # rescue, deadlines, heartbeats, callbacks and retention compare against now() only
     body = (sql_dir / "0002_storage_functions.sql").read_text()
     for fn in ("receipt_rescue_stale", "lease_rescue_expired", "dlq_retention_prune", "attempt_state_sweep"):
         assert re.search(rf"FUNCTION __SCHEMA__\.{fn}\(p_limit int\)|FUNCTION __SCHEMA__\.{fn}\(\)", body), fn
     # the Python side never sends its own clock to SQL
-    storage_src = (ROOT / "awa_fast" / "storage" / "__init__.py").read_text()
-    assert not re.search(r"time\.time\(\)|datetime\.now|utcnow|monotonic", storage_src)
+    for path in sorted((ROOT / "awa_fast" / "storage").glob("*.py")):
+        assert not re.search(r"time\.time\(\)|datetime\.now|utcnow|monotonic", path.read_text()), path
 
 
 def test_odd_timezones_delays_and_deadline_rescue(pg, obs, tmp_path):
