@@ -1,18 +1,7 @@
 """The storage layer: the only code in awa-fast that runs SQL.
 
-It reads like a table of contents of the storage engine (ADR-019/023):
-enqueue (``job_enqueue``, ``job_enqueue_many``, ``job_enqueue_copy``), the
-claim path (``lane_claim``), completion (``receipt_complete``), attempt
-transitions (``attempt_close``, ``attempt_heartbeat``,
-``attempt_register_callback``, ``callback_resolve``, ``job_cancel``),
-maintenance (``deferred_promote``, ``receipt_rescue_stale``,
-``lease_rescue_expired``, ``ring_rotate``, ``ring_prune``,
-``dlq_retention_prune``) and reads (``queue_depth_fast``,
-``queue_counts_exact``, ``job_load``, ``dlq_list``).
-
-Every method takes the psycopg connection to run on, so enqueue joins the
-caller's own transaction. Names follow the named queries in
-``awa_fast/sql/queries.sql``.
+This package only re-exports; the table of contents of the engine (every
+named query, grouped by plane) is :class:`awa_fast.storage.engine.Storage`.
 """
 
 from awa_fast.storage.connection import clean_text, close_quietly, connect, redact_dsn
