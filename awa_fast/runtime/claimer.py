@@ -485,10 +485,14 @@ class Claimer:
             st["heartbeat_failures"] = hb_failures - self._heartbeat_failures_published
             self._heartbeat_failures_published = hb_failures
         now = time.monotonic()
-        if now - self._waiting_at >= _WAITING_EVERY_S:  # a scan of the held attempts: at most 10 a second
+        outstanding = self._outstanding
+        if outstanding == 0:  # nothing held: exact without a scan (and never a stale count once idle)
+            self._waiting, self._waiting_at = 0, now
+        elif now - self._waiting_at >= _WAITING_EVERY_S:  # a scan of the held attempts: at most 10 a second
             self._waiting, self._waiting_at = self.attempts.not_started(), now
+        self._waiting = min(self._waiting, outstanding)
         # one seqlock write; 'waiting': held here, handler not started (every worker slot busy)
-        self.shm.publish(st, samples, in_flight=self._outstanding, waiting=self._waiting)
+        self.shm.publish(st, samples, in_flight=outstanding, waiting=self._waiting)
 
     # -- drain ---------------------------------------------------------------------------------
 

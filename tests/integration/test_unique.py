@@ -441,7 +441,8 @@ def test_the_runtime_runs_unique_jobs_and_its_leader_sweeps_their_keys(pg_dsn, s
                  "the unique jobs to complete", on_timeout=sup.tail)
         wait_for(lambda: sql(conn, schema, keys)[0][0] == 0, 30, "the leader to sweep the stale keys",
                  on_timeout=sup.tail)
-        assert "swept" in sup.output()
+        # the leader logs the pass once it ends (after its last delete committed)
+        wait_for(lambda: "swept" in sup.output(), 15, "the leader's sweep log line", on_timeout=sup.tail)
         # a released key is taken again at once, and the new job runs
         again = _client(pg_dsn, schema)
         job = again.enqueue("rt.sync", {"n": 1}, unique=Unique())
