@@ -122,9 +122,11 @@ def test_every_page_in_a_real_browser(app: awa_fast.App, pg_dsn: str, schema: st
             wait_for(lambda: sum(p["completed_per_s"] is not None for p in srv.backend.series) >= 3, 30,
                      "three chart samples")
             page.goto(srv.url + "/")
-            page.wait_for_function("document.querySelector('#chart-throughput polyline') !== null && "
-                                   "document.querySelector('#chart-throughput polyline').getAttribute('points')"
-                                   ".split(' ').length >= 3")
+            # polled from Python: the page's CSP forbids the eval a string wait_for_function needs
+            line = page.locator("#chart-throughput polyline")
+            line.wait_for(state="attached")
+            wait_for(lambda: len((line.get_attribute("points") or "").split()) >= 3, 30,
+                     "the throughput chart's three points")
             page.screenshot(path=str(shots / "overview.png"), full_page=True)
             row = page.locator(f'#overview-queues tr[data-queue="{QUEUE}"]')
             assert row.count() == 1

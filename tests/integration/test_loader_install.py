@@ -132,9 +132,12 @@ def _mapped_from(pid: int, directory: pathlib.Path) -> bool:
 
 
 def test_supervise_from_the_checkout_runs_the_installed_package(pg_dsn, schema, storage, conn, installed,
-                                                                   tmp_path) -> None:
+                                                                   tmp_path, monkeypatch) -> None:
     # The app module lives only in the checkout (tests/...): the working directory is searched for it,
-    # after everything installed, so awa_fast itself still comes from site-packages.
+    # after everything installed, so awa_fast itself still comes from site-packages. The proof is
+    # where the claimers mapped the compiled codec from, so the children run the C implementation
+    # in both passes of the suite (the Python twin's pass would load no shared object to look at).
+    monkeypatch.setenv("AWA_FAST_IMPL", "c")
     sup = Supervise(installed, REPO_ROOT, "tests.integration.runtime_apps:app", pg_dsn, schema,
                     tmp_path / "home", tmp_path / "supervise.log")
     try:
