@@ -21,7 +21,6 @@ import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Literal, TypeVar, overload
 
-import msgspec
 import psycopg
 
 from awa_fast.admin import AdminMixin
@@ -29,6 +28,7 @@ from awa_fast.client import (
     MAX_DELAY_S,
     PRIORITY_DEFAULT,
     Client,
+    to_plain,
     validate_max_attempts,
     validate_name,
     validate_priority,
@@ -109,7 +109,7 @@ def _with_timeout(metadata: Any, timeout: float | None) -> Any:
         return metadata
     if metadata is None:
         return {TIMEOUT_KEY: t}
-    plain = metadata if isinstance(metadata, dict) else msgspec.to_builtins(metadata)
+    plain = metadata if isinstance(metadata, dict) else to_plain(metadata)
     if not isinstance(plain, dict):
         raise ConfigError(f"timeout= needs metadata that is a mapping, got {type(metadata).__name__}: "
                           "pass metadata as a dict (the timeout is stored in it)")
