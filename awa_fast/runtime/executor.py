@@ -317,10 +317,7 @@ class Executor:
             self._slots.release(spec.weight)
 
     def _run_sync_attempt(self, job: Job[Any], spec: JobSpec) -> Outcome | Unwritten:
-        job.started_at = time.time()
-        timeout = attempt_timeout(job, spec)
-        if timeout is not None:
-            self._arm_timeout(job, timeout)
+        self._attempt_started(job, spec)
         try:
             scope = _attempt_hooks.around  # tracing / log context (awa_fast/hooks.py): None unless enabled
             if scope is None:
@@ -383,10 +380,7 @@ class Executor:
 
     async def _run_async_handler(self, job: Job[Any]) -> Outcome | Unwritten:
         spec = self.registry[job.kind]
-        job.started_at = time.time()
-        timeout = attempt_timeout(job, spec)
-        if timeout is not None:
-            self._arm_timeout(job, timeout)
+        self._attempt_started(job, spec)
         try:
             scope = _attempt_hooks.around  # tracing / log context (awa_fast/hooks.py): None unless enabled
             if scope is None:
@@ -469,6 +463,13 @@ class Executor:
         self._hooks.released(n)  # a timed-out attempt's capacity is freed here, once, when its handler ends
 
     # -- handler timeouts -------------------------------------------------------------
+
+    def _attempt_started(self, job: Job[Any], spec: JobSpec) -> None:
+        """A handler is about to run: stamp its start and watch its timeout (the job's own, else its kind's)."""
+        job.started_at = time.time()
+        timeout = attempt_timeout(job, spec)
+        if timeout is not None:
+            self._arm_timeout(job, timeout)
 
     def _arm_timeout(self, job: Job[Any], timeout: float) -> None:
         with self._timed_lock:
