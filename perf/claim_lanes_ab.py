@@ -10,7 +10,8 @@ In fine-grained alternating blocks (so the machine's load hits both arms
 alike) one job is enqueued through connection A (arm ``one``) or through A
 and B in turn (arm ``two``, distinct shards), then claimed on a third
 connection; only the claim call is timed. Reports per arm the median of the
-block medians of the claim round trip, and the shared buffers the claim
+block medians of the claim round trip (and their minimum and lower
+quartile: the blocks the machine's load disturbed least), and the shared buffers the claim
 statements touched per job when ``pg_stat_statements`` is installed.
 
     .venv/bin/python perf/claim_lanes_ab.py --dsn DSN [--schema bench_claim_lanes] [--blocks 20] [--per-block 100]
@@ -97,8 +98,9 @@ def main() -> int:
     for arm in ("one", "two"):
         bm = blocks[arm]
         extra = f", {buffers[arm] / jobs[arm]:.0f} shared buffers per claimed job" if pss else ""
+        q1 = statistics.quantiles(bm, n=4)[0] if len(bm) > 1 else bm[0]
         print(f"{arm} lane(s): claim round trip, median of {len(bm)} block medians {statistics.median(bm):.0f} us "
-              f"(blocks min {min(bm):.0f}, max {max(bm):.0f}){extra}")
+              f"(blocks min {min(bm):.0f}, lower quartile {q1:.0f}, max {max(bm):.0f}){extra}")
     with psycopg.connect(args.dsn, autocommit=True) as c:
         c.execute(f"DROP SCHEMA {s} CASCADE")
     return 0
