@@ -292,12 +292,21 @@ def main() -> None:
     ap.add_argument("--variants", default="old,v3,slot_f")
     ap.add_argument("--locks", action="store_true")
     ap.add_argument("--show-blocks", action="store_true")
+    ap.add_argument("--pg-setting", action="append", default=[], metavar="KEY=VALUE",
+                    help="restart the server under --home with this setting (e.g. max_locks_per_transaction=128)")
     ap.add_argument("--nested", action="store_true")
     a = ap.parse_args()
     names = a.variants.split(",")
-    dsn = ensure_embedded(a.home, settings=SETTINGS)
+    settings = dict(SETTINGS, **dict(kv.split("=", 1) for kv in a.pg_setting))
+    if a.pg_setting or os.environ.get("AWA_FAST_AB_RESTART"):
+        from awa_fast.embedded.servers import stop_embedded
+
+        stop_embedded(a.home)
+    dsn = ensure_embedded(a.home, settings=settings)
     setup(dsn, a.scenario)
-    print(f"scenario {a.scenario}, load {os.getloadavg()}")
+    with psycopg.connect(dsn) as c:
+        mlpt = c.execute("SHOW max_locks_per_transaction").fetchone()[0]  # type: ignore[index]
+    print(f"scenario {a.scenario}, max_locks_per_transaction {mlpt}, load {os.getloadavg()}")
     one, claim, prod = runner(dsn, a.scenario)
     if a.locks:  # the producer of the run: its jobs stay in the run's one lane
         show_locks(dsn, a.scenario, names, prod)
