@@ -4,7 +4,7 @@
 -- tests/integration/test_schema_snapshot.py fails when it is out of date.
 -- Rings installed with 4 slots each; owners omitted; names in C order.
 
--- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits, 0013_rotation_ledger_truncate, 0014_job_enqueue_v2, 0015_claim_lane_runs
+-- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits, 0013_rotation_ledger_truncate, 0014_job_enqueue_v2, 0016_claim_lane_runs
 
 
 ---------------------------------------------------------------------------
