@@ -25,8 +25,9 @@
 -- (the segment lookup gives that number). The receipt and the rows are
 -- produced only when they are (count = last - first + 1); otherwise nothing
 -- is taken and the claim takes that one segment's rows alone (all in its
--- slot, all committed with it), then looks up the next segment from the
--- new position, as it already did at the end of a slot. So every number is
+-- slot, all committed with it; no other segment has a number in its range,
+-- so these need no check), then looks up the next segment from the new
+-- position, as it already did at the end of a slot. So every number is
 -- taken in lane order. The common cases do not change: a COPY-loaded range
 -- and one-at-a-time enqueues within one slot are unbroken runs, and the
 -- check is two more aggregates in the receipt's own (min, max, count); the
@@ -178,8 +179,10 @@ BEGIN
                     COALESCE(array_agg(p.lane_seq ORDER BY p.lane_seq) FILTER (WHERE NOT p.tomb), '{}'),
                     now() + v_meta.deadline
                 FROM picked p
-                -- an unbroken run of numbers from v_first, or nothing at all
-                HAVING count(*) > 0 AND min(p.lane_seq) = v_first AND max(p.lane_seq) - v_first + 1 = count(*)
+                -- an unbroken run of numbers from v_first, or nothing at all (bounded
+                -- to one segment, every row read is that segment's: taken as it is)
+                HAVING count(*) > 0 AND (v_bound = v_seg_last
+                    OR (min(p.lane_seq) = v_first AND max(p.lane_seq) - v_first + 1 = count(*)))
                 RETURNING 1
             )
             SELECT p.job_id, p.lease_base + 1, p.attempt + 1, p.max_attempts::int, p_queue, p.kind,

@@ -1101,8 +1101,10 @@ BEGIN
                     COALESCE(array_agg(p.lane_seq ORDER BY p.lane_seq) FILTER (WHERE NOT p.tomb), '{}'),
                     now() + v_meta.deadline
                 FROM picked p
-                -- an unbroken run of numbers from v_first, or nothing at all
-                HAVING count(*) > 0 AND min(p.lane_seq) = v_first AND max(p.lane_seq) - v_first + 1 = count(*)
+                -- an unbroken run of numbers from v_first, or nothing at all (bounded
+                -- to one segment, every row read is that segment's: taken as it is)
+                HAVING count(*) > 0 AND (v_bound = v_seg_last
+                    OR (min(p.lane_seq) = v_first AND max(p.lane_seq) - v_first + 1 = count(*)))
                 RETURNING 1
             )
             SELECT p.job_id, p.lease_base + 1, p.attempt + 1, p.max_attempts::int, p_queue, p.kind,
