@@ -4,7 +4,7 @@
 -- tests/integration/test_schema_snapshot.py fails when it is out of date.
 -- Rings installed with 4 slots each; owners omitted; names in C order.
 
--- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits, 0013_rotation_ledger_truncate, 0014_job_enqueue_v2, 0015_done_receipts
+-- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits, 0013_rotation_ledger_truncate, 0014_job_enqueue_v2, 0015_done_receipts, 0016_claim_lane_runs
 
 
 ---------------------------------------------------------------------------
@@ -1016,6 +1016,9 @@ DECLARE
     v_n int;
     v_aging float8;
     v_skipped boolean := false;
+    v_first bigint;
+    v_seg_last bigint;
+    v_bound bigint;
 BEGIN
     SELECT * INTO v_meta FROM __SCHEMA__.queue_meta m WHERE m.queue = p_queue;
     IF NOT FOUND THEN
@@ -1091,11 +1094,15 @@ BEGIN
             CONTINUE;
         END IF;
         v_cur := __SCHEMA__.lane_cursor_advance(v_lid, v_cseq);
+        v_bound := 9223372036854775807;
         LOOP
             -- nothing reserved past the position: no segment to look up
             EXIT WHEN v_left <= 0 OR pg_sequence_last_value(v_eseq) <= v_cur;
             -- Index: ready_segments_lane (lane_id, last_seq)
-            SELECT g.ready_slot INTO v_slot FROM __SCHEMA__.ready_segments g
+            -- (its rows are committed with it, all in its slot: the first row past
+            -- the position is v_first, and v_first .. v_seg_last are all there)
+            SELECT g.ready_slot, greatest(g.first_seq, v_cur + 1), g.last_seq
+            INTO v_slot, v_first, v_seg_last FROM __SCHEMA__.ready_segments g
             WHERE g.lane_id = v_lid AND g.last_seq > v_cur
             ORDER BY g.last_seq LIMIT 1;
             EXIT WHEN NOT FOUND;
@@ -1107,7 +1114,7 @@ BEGIN
                 FROM __SCHEMA__.ready_entries r
                 LEFT JOIN __SCHEMA__.ready_tombstones t
                     ON t.ready_slot = r.ready_slot AND t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq
-                WHERE r.ready_slot = v_slot AND r.lane_id = v_lid AND r.lane_seq > v_cur
+                WHERE r.ready_slot = v_slot AND r.lane_id = v_lid AND r.lane_seq > v_cur AND r.lane_seq <= v_bound
                 ORDER BY r.lane_seq
                 LIMIT v_left
             ), receipt AS (
@@ -1119,7 +1126,10 @@ BEGIN
                     COALESCE(array_agg(p.lane_seq ORDER BY p.lane_seq) FILTER (WHERE NOT p.tomb), '{}'),
                     now() + v_meta.deadline
                 FROM picked p
-                HAVING count(*) > 0
+                -- an unbroken run of numbers from v_first, or nothing at all (bounded
+                -- to one segment, every row read is that segment's: taken as it is)
+                HAVING count(*) > 0 AND (v_bound = v_seg_last
+                    OR (min(p.lane_seq) = v_first AND max(p.lane_seq) - v_first + 1 = count(*)))
                 RETURNING 1
             )
             SELECT p.job_id, p.lease_base + 1, p.attempt + 1, p.max_attempts::int, p_queue, p.kind,
@@ -1127,11 +1137,21 @@ BEGIN
                 v_claim_id, p.created_at, p.errors, p.callback_result, p.progress
             FROM picked p
             WHERE NOT p.tomb
+              AND EXISTS (SELECT 1 FROM receipt)  -- the run was whole: its receipt is in
             ORDER BY p.lane_seq;
             GET DIAGNOSTICS v_n = ROW_COUNT;
             SELECT c.last_seq INTO v_last FROM __SCHEMA__.lease_claims c
             WHERE c.claim_slot = v_claim_slot AND c.claim_id = v_claim_id;
-            EXIT WHEN NOT FOUND;
+            IF NOT FOUND THEN
+                -- The rows of this slot past the position are not an unbroken
+                -- run: a number in between lives in another slot (or is a gap a
+                -- rolled-back reservation left). Nothing was taken; take this
+                -- segment's rows alone, then look up the next segment.
+                EXIT WHEN v_bound = v_seg_last;
+                v_bound := v_seg_last;
+                CONTINUE;
+            END IF;
+            v_bound := 9223372036854775807;
             v_cur := v_last;
             v_left := v_left - v_n;
         END LOOP;
