@@ -350,7 +350,7 @@ def test_out_of_range_values_are_one_line_exit_2(pg_dsn, schema, args):
 
 def test_a_database_error_is_one_line_exit_2(pg_dsn, schema, conn):
     enqueue_one(pg_dsn, schema, "rt.sync", {}, queue="adminq")
-    conn.execute(render("DROP FUNCTION __SCHEMA__.job_load_v2(bigint) CASCADE", schema))
+    conn.execute(render("DROP FUNCTION __SCHEMA__.job_load_v3(bigint) CASCADE", schema))
     for args in (["job", "show", "1"], ["job", "list"]):
         line = _one_error_line(_admin(pg_dsn, schema, *args), code=2)
         assert line.startswith("awa-fast: error: database error:") and "job_load" in line, line
