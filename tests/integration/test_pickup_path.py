@@ -153,7 +153,8 @@ def _claimer_app(pg_dsn: str, schema: str, ran: list[tuple[str, int, str]]) -> A
 
     def record(job: Any) -> None:
         ran.append((job.kind, job.id, threading.current_thread().name))
-        time.sleep(float((job.args or {}).get("sleep", 0.0)))
+        if (job.args or {}).get("sleep"):
+            time.sleep(float(job.args["sleep"]))
 
     def slow(job: Any) -> None:
         record(job)
@@ -174,10 +175,11 @@ def _run_claimer(pg_dsn: str, schema: str, app: App) -> tuple[Claimer, threading
 
 
 def _one_by_one(pg_dsn: str, schema: str, storage: Storage, conn: psycopg.Connection, kind: str, n: int,
-                ran: list[tuple[str, int, str]]) -> list[str]:
-    """Enqueue ``n`` jobs of ``kind``, each once the one before is completed; the thread each ran on."""
+                ran: list[tuple[str, int, str]], claimer: Claimer) -> list[str]:
+    """Enqueue ``n`` jobs of ``kind``, each once the one before is done and released; the thread each ran on."""
     threads = []
     for _ in range(n):
+        wait_for(lambda: claimer.outstanding == 0, 20, "the claimer idle")
         job_id = enqueue_one(pg_dsn, schema, kind, {}, queue="pq")
         wait_for(lambda j=job_id: (storage.job_load(conn, j) or {}).get("state") == "completed", 20,
                  f"{kind} job {job_id} completed")
@@ -189,12 +191,12 @@ def test_an_idle_claimer_runs_a_measured_fast_handler_on_its_claim_thread(pg_dsn
     ran: list[tuple[str, int, str]] = []
     claimer, thread = _run_claimer(pg_dsn, schema, _claimer_app(pg_dsn, schema, ran))
     try:
-        fast = _one_by_one(pg_dsn, schema, storage, conn, "fast", 6, ran)
+        fast = _one_by_one(pg_dsn, schema, storage, conn, "fast", 6, ran, claimer)
         # not measured yet: a worker; once measured fast, the idle claim thread runs it itself
         assert fast[0].startswith("awa-worker-"), fast
         assert fast[2:] == [_CLAIM_THREAD] * 4, fast
         # a handler slower than the bound always goes to a worker thread
-        slow = _one_by_one(pg_dsn, schema, storage, conn, "slow", 4, ran)
+        slow = _one_by_one(pg_dsn, schema, storage, conn, "slow", 4, ran, claimer)
         assert all(t.startswith("awa-worker-") for t in slow), slow
         assert INLINE_MAX_S < 0.01
         # a kind timeout still closes an attempt whose handler runs on the claim thread
@@ -206,7 +208,7 @@ def test_an_idle_claimer_runs_a_measured_fast_handler_on_its_claim_thread(pg_dsn
         assert entry["job_id"] == job_id and entry["reason"].startswith("timed out after 0.5 s"), entry
         assert next(t for k, j, t in ran if j == job_id) == _CLAIM_THREAD
         # and the claimer goes on: the next fast job completes (after the sleeper returned)
-        assert _one_by_one(pg_dsn, schema, storage, conn, "fast", 1, ran)
+        assert _one_by_one(pg_dsn, schema, storage, conn, "fast", 1, ran, claimer)
     finally:
         claimer.stop()
         thread.join(20)
