@@ -26,6 +26,7 @@ Prints the machine's load and the settings; exits 0.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import multiprocessing
@@ -33,7 +34,6 @@ import os
 import pathlib
 import struct
 import sys
-import tempfile
 import threading
 import time
 from typing import Any
@@ -274,16 +274,6 @@ def _cpu() -> tuple[float, float]:
     return float(total - parts[3] - parts[4]), float(total)
 
 
-def _private_server() -> tuple[Any, str]:
-    from awa_fast.embedded import PostgresCluster, embedded_bindir, system_bindir
-
-    root = pathlib.Path(tempfile.mkdtemp(prefix="bench-floor-"))
-    cluster = PostgresCluster(root / "data", system_bindir() or embedded_bindir(),
-                              settings={"max_connections": "100", "log_min_messages": "warning"})
-    cluster.init()
-    return cluster, cluster.start()
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="perf/floor.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--dsn", default=os.environ.get("AWA_FAST_DSN"))
@@ -295,10 +285,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true")
     p.add_argument("--save", action="store_true", help="write perf/results/floor-<timestamp>.json")
     args = p.parse_args(argv)
-    cluster = None
+    server = contextlib.ExitStack()  # a private server when no --dsn: stopped and removed at the end
     dsn = args.dsn
     if not dsn:
-        cluster, dsn = _private_server()
+        from awa_fast.embedded import private_server
+
+        dsn = server.enter_context(private_server(settings={"max_connections": "100", "log_min_messages": "warning"},
+                                                  prefix="bench-floor-", stop_mode="fast")).dsn
     try:
         load_start = [round(x, 2) for x in os.getloadavg()]
         per_lane = args.jobs // LANES
@@ -337,8 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         with psycopg.connect(dsn, autocommit=True) as c:
             c.execute("DROP SCHEMA floor CASCADE")
     finally:
-        if cluster is not None:
-            cluster.stop("fast")
+        server.close()
     if args.save:
         d = pathlib.Path(__file__).resolve().parent / "results"
         d.mkdir(exist_ok=True)

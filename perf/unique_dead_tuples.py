@@ -16,6 +16,7 @@ extension is available). Prints one JSON object.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import pathlib
 import subprocess
@@ -131,24 +132,21 @@ def main() -> int:
     p.add_argument("--modes", default="plain,unique,unique-no-autovacuum")
     args = p.parse_args()
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="awa-unique-dead-"))
-    cluster = None
+    server = contextlib.ExitStack()  # a private server when no --dsn, stopped at the end
     dsn = args.dsn
     if not dsn:
-        from awa_fast.embedded import PostgresCluster, embedded_bindir, system_bindir
+        from awa_fast.embedded import private_server
 
-        cluster = PostgresCluster(workdir / "data", system_bindir() or embedded_bindir(),
-                                  settings={"max_connections": "200", "shared_buffers": "256MB"})
-        cluster.init()
-        cluster.start()
-        dsn = cluster.dsn
+        dsn = server.enter_context(private_server(workdir, settings={"max_connections": "200",
+                                                                     "shared_buffers": "256MB"},
+                                                  stop_mode="fast")).dsn
     try:
         out = {"jobs": args.jobs, "results": [run_mode(dsn, m, args.jobs, workdir) for m in args.modes.split(",")]}
         with psycopg.connect(dsn, autocommit=True) as c:
             out["autovacuum_naptime"] = q1(c, "SHOW autovacuum_naptime")
             out["server_version"] = q1(c, "SHOW server_version")
     finally:
-        if cluster is not None:
-            cluster.stop("fast")
+        server.close()
     print(json.dumps(out, indent=1, default=str))
     return 0
 

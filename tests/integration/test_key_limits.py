@@ -243,3 +243,18 @@ def test_metrics_export_jobs_waiting_on_a_key(pg_dsn, schema, storage, conn):
     gauges.refresh_once()
     fams = {f.name: f for f in _storage_metrics(gauges)}
     assert {s.labels["queue"]: s.value for s in fams["awa_fast_key_waiting_jobs"].samples} == {Q: 3.0}
+
+
+def test_job_list_shows_jobs_waiting_on_their_key(pg_dsn, schema, storage, conn):
+    storage.queue_key_limit_set(conn, Q, 1)
+    client = Client(pg_dsn, schema)
+    a = [client.enqueue("k.work", {"i": i}, queue=Q, concurrency_key="A") for i in range(3)]
+    later = client.enqueue("k.work", {}, queue=Q, concurrency_key="B", delay=3600)
+    client.close()
+    got, _ = _claim(storage, conn)
+    assert [s.job_id for s in got] == [a[0]]  # a[1], a[2] and later wait in key_waiting
+    listed = {j["job_id"]: j["state"] for j in storage.job_list(conn, queue=Q)}
+    assert listed == {a[0]: "running", a[1]: "available", a[2]: "available", later: "scheduled"}
+    assert [j["job_id"] for j in storage.job_list(conn, state="available")] == [a[2], a[1]]
+    assert [j["job_id"] for j in storage.job_list(conn, state="scheduled", kind="k.work")] == [later]
+    assert [j["job_id"] for j in storage.job_list(conn, queue=Q, limit=2, before_id=a[2])] == [a[1], a[0]]
