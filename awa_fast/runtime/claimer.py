@@ -337,7 +337,7 @@ class Claimer:
                     continue
                 busy_pause = _BUSY_PAUSE_FIRST
                 if snaps:
-                    self._dispatch(snaps, idle=held_before == 0)
+                    self._dispatch(snaps)
                     if self._backlog_maybe:
                         continue
                 else:
@@ -360,8 +360,7 @@ class Claimer:
         close_quietly(self._claim_conn)
         self._claim_conn = None
 
-    def _dispatch(self, snaps: Sequence[ClaimSnapshot], idle: bool = False) -> None:
-        """Hand freshly claimed jobs to the executor; ``idle``: nothing was held here when they were claimed."""
+    def _dispatch(self, snaps: Sequence[ClaimSnapshot]) -> None:
         now = time.monotonic()
         self.batcher.register_receipts(snaps)
         registry = self.registry
@@ -374,7 +373,7 @@ class Claimer:
         self.count("claimed", n)
         with self._count_lock:
             self._outstanding += n
-        self.executor.dispatch(jobs, idle)
+        self.executor.dispatch(jobs)
 
     def _notified(self) -> None:
         """A NOTIFY for this queue, or a fresh LISTEN (wake-ups may have been missed): there may be a backlog."""

@@ -53,10 +53,6 @@ log = logging.getLogger("awa_fast.claimer")
 # (one shared record, told apart by identity from a handler's own Snooze).
 _HAND_BACK = Outcome(CloseCode.SNOOZE, 0.0)
 
-#: A sync kind whose handler measured below this (a running average of its one-job runs) may run
-#: on the claim thread itself, when nothing else is held there: no hand-off to a worker thread.
-INLINE_MAX_S = 0.0005
-
 
 class ExecutorHooks(Protocol):
     """What the executor tells its claimer (the claim loop's side of the boundary)."""
@@ -137,8 +133,6 @@ class Executor:
         self._slots = (WeightSlots(concurrency) if any(s.weight > 1 and not s.is_async for s in registry.values())
                        else None)
         self._avg_handler_s: float | None = None  # EWMA of sync handler time, sizes dispatch chunks
-        # kind -> EWMA of its handler time in one-job hand-offs (the idle case): decides the inline run
-        self._kind_s: dict[str, float] = {}
         self._unknown_logged: set[str] = set()
         # Sync attempts found stale while their handler still runs (a thread cannot be stopped).
         self._abandoned: set[Key] = set()
@@ -223,17 +217,8 @@ class Executor:
 
     # -- dispatch ---------------------------------------------------------------------
 
-    def dispatch(self, jobs: list[Job[Any]], idle: bool = False) -> None:
-        """Run freshly claimed jobs (the claim loop's thread).
-
-        ``idle``: nothing else was held by this claimer when they were claimed.
-        Then the first sync job, if its kind's handler has measured below
-        :data:`INLINE_MAX_S`, runs right here on the claim thread (after the
-        others are queued for the workers): it skips the worker's wake-up and
-        the hand-over of the interpreter lock. A kind not measured yet, a
-        registry with weighted sync kinds, and every job of a busy claimer
-        go to the workers.
-        """
+    def dispatch(self, jobs: list[Job[Any]]) -> None:
+        """Run freshly claimed jobs (the claim loop's thread)."""
         unknown = [j for j in jobs if j.kind not in self.registry]
         if unknown:
             self._unknown_kinds(unknown)
@@ -243,22 +228,12 @@ class Executor:
         else:
             sync_jobs = [j for j in jobs if not self.is_async(j)]
             async_jobs = [j for j in jobs if self.is_async(j)]
-        inline = None
-        if idle and sync_jobs and self._slots is None:
-            t = self._kind_s.get(sync_jobs[0].kind)
-            if t is not None and t < INLINE_MAX_S:
-                inline, sync_jobs = sync_jobs[0], sync_jobs[1:]
         if sync_jobs:
             per = self._chunk_size(len(sync_jobs))
             for i in range(0, len(sync_jobs), per):
                 self._work.put(sync_jobs[i:i + per])
         if async_jobs and self._loop is not None:
             self._loop.call_soon_threadsafe(self._spawn_async, async_jobs)
-        if inline is not None:
-            try:
-                self._run_chunk([inline])
-            except BaseException as exc:  # noqa: BLE001 - a bug, as in a worker thread: the claimer stops
-                self._hooks.thread_died("the claim thread (running a handler inline)", exc)
 
     def _unknown_kinds(self, jobs: list[Job[Any]]) -> None:
         """No handler here: retry with backoff (DLQ only when attempts run out).
@@ -302,42 +277,32 @@ class Executor:
             self._hooks.thread_died(f"worker thread {threading.current_thread().name}", exc)
 
     def _work_loop(self) -> None:
-        work = self._work
+        perf = time.perf_counter
+        stopping = self._stopping
         while True:
-            chunk = work.get()
+            chunk = self._work.get()
             if chunk is None:
                 return
-            self._run_chunk(chunk)
-
-    def _run_chunk(self, chunk: list[Job[Any]]) -> None:
-        """Run one hand-off of sync jobs in order, hand their outcomes on, update the handler-time averages."""
-        stopping = self._stopping
-        done: list[tuple[Job[Any], Outcome | Unwritten]] = []
-        t0 = time.perf_counter()
-        try:
-            for i, job in enumerate(chunk):
-                if stopping.is_set():
-                    # Draining: hand back what has not started (no attempt consumed).
-                    done.extend((j, _HAND_BACK) for j in chunk[i:])
-                    break
-                done.append((job, self._run_sync(job)))
-        finally:
-            if len(done) < len(chunk):
-                # Something escaped _run_sync: the job it ran stays held (rescued
-                # after this claimer exits), the ones after it were never started.
-                done.extend((j, _HAND_BACK) for j in chunk[len(done) + 1:])
-            self._finish(done)  # outcomes already produced are always handed on
-        ran = sum(1 for _, o in done if o is not _HAND_BACK)
-        if ran:
-            per_job = (time.perf_counter() - t0) / ran
-            avg = self._avg_handler_s
-            self._avg_handler_s = per_job if avg is None else 0.8 * avg + 0.2 * per_job
-            if len(chunk) == 1:
-                job = chunk[0]
-                took = getattr(job, "finished_at", 0.0) - (job.started_at or 0.0)
-                if took >= 0.0 and job.started_at:
-                    prev = self._kind_s.get(job.kind)
-                    self._kind_s[job.kind] = took if prev is None else 0.8 * prev + 0.2 * took
+            done: list[tuple[Job[Any], Outcome | Unwritten]] = []
+            t0 = perf()
+            try:
+                for i, job in enumerate(chunk):
+                    if stopping.is_set():
+                        # Draining: hand back what has not started (no attempt consumed).
+                        done.extend((j, _HAND_BACK) for j in chunk[i:])
+                        break
+                    done.append((job, self._run_sync(job)))
+            finally:
+                if len(done) < len(chunk):
+                    # Something escaped _run_sync: the job it ran stays held (rescued
+                    # after this claimer exits), the ones after it were never started.
+                    done.extend((j, _HAND_BACK) for j in chunk[len(done) + 1:])
+                self._finish(done)  # outcomes already produced are always handed on
+            ran = sum(1 for _, o in done if o is not _HAND_BACK)
+            if ran:
+                per_job = (perf() - t0) / ran
+                avg = self._avg_handler_s
+                self._avg_handler_s = per_job if avg is None else 0.8 * avg + 0.2 * per_job
 
     def _run_sync(self, job: Job[Any]) -> Outcome | Unwritten:
         spec = self.registry.get(job.kind)

@@ -1,12 +1,10 @@
-"""The pickup path without thread hops: NOTIFYs read on the claim thread, fast handlers run there when idle.
+"""The pickup path with one thread hop fewer: NOTIFYs are read on the claim thread itself.
 
-``Listener.wait`` is the claim loop's sleep: one ``select`` on the LISTEN
+``Listener.wait`` is the claim loop's sleep: one ``poll`` on the LISTEN
 socket and the claim loop's ``Wakeup``. Its LISTEN connection is opened on a
 helper thread and handed over; the waiting thread pings it without blocking
 and replaces it when it breaks or stops answering (a stopped backend stands
-in for a half-open peer). An idle claimer runs the first job of a claim on
-its own thread when the kind's handler has measured fast, and a kind timeout
-still closes such an attempt.
+in for a half-open peer).
 """
 
 from __future__ import annotations
@@ -16,17 +14,12 @@ import signal
 import threading
 import time
 import uuid
-from typing import Any
 
 import psycopg
 
-from awa_fast.app import App
-from awa_fast.runtime.claimer import Claimer, ClaimerConfig
-from awa_fast.runtime.executor import INLINE_MAX_S
 from awa_fast.runtime.listener import Listener, ListenerConfig, Wakeup
 from awa_fast.storage import Storage
 from tests.fixtures.waiting import wait_for
-from tests.integration.runtime_helpers import enqueue_one
 
 
 def _listen_backends(conn: psycopg.Connection, queue: str) -> dict[int, str]:
@@ -141,77 +134,3 @@ def test_the_idle_listen_connection_is_pinged_and_a_silent_one_replaced_without_
             os.kill(stopped, signal.SIGCONT)
         stopping.set()
         listener.close()
-
-
-# -- handlers on the claim thread ---------------------------------------------------------------
-
-_CLAIM_THREAD = "test-claim-loop"
-
-
-def _claimer_app(pg_dsn: str, schema: str, ran: list[tuple[str, int, str]]) -> App:
-    app = App(dsn=pg_dsn, schema=schema)
-
-    def record(job: Any) -> None:
-        ran.append((job.kind, job.id, threading.current_thread().name))
-        if (job.args or {}).get("sleep"):
-            time.sleep(float(job.args["sleep"]))
-
-    def slow(job: Any) -> None:
-        record(job)
-        time.sleep(0.01)
-
-    app.job("fast", queue="pq", timeout=0.5)(record)
-    app.job("slow", queue="pq")(slow)
-    return app
-
-
-def _run_claimer(pg_dsn: str, schema: str, app: App) -> tuple[Claimer, threading.Thread]:
-    cfg = ClaimerConfig(pg_dsn, schema, "pq", concurrency=4, claim_batch=16, poll_interval=0.2,
-                        heartbeat_interval=0.2, drain_timeout=5.0)
-    claimer = Claimer(cfg, app.registry, watch_parent=False)
-    thread = threading.Thread(target=claimer.run, name=_CLAIM_THREAD, daemon=True)
-    thread.start()
-    return claimer, thread
-
-
-def _one_by_one(pg_dsn: str, schema: str, storage: Storage, conn: psycopg.Connection, kind: str, n: int,
-                ran: list[tuple[str, int, str]], claimer: Claimer) -> list[str]:
-    """Enqueue ``n`` jobs of ``kind``, each once the one before is done and released; the thread each ran on."""
-    threads = []
-    for _ in range(n):
-        wait_for(lambda: claimer.outstanding == 0, 20, "the claimer idle")
-        job_id = enqueue_one(pg_dsn, schema, kind, {}, queue="pq")
-        wait_for(lambda j=job_id: (storage.job_load(conn, j) or {}).get("state") == "completed", 20,
-                 f"{kind} job {job_id} completed")
-        threads.append(next(t for k, j, t in ran if j == job_id))
-    return threads
-
-
-def test_an_idle_claimer_runs_a_measured_fast_handler_on_its_claim_thread(pg_dsn, schema, storage, conn):
-    ran: list[tuple[str, int, str]] = []
-    claimer, thread = _run_claimer(pg_dsn, schema, _claimer_app(pg_dsn, schema, ran))
-    try:
-        fast = _one_by_one(pg_dsn, schema, storage, conn, "fast", 6, ran, claimer)
-        # not measured yet: a worker; once measured fast, the idle claim thread runs it itself
-        assert fast[0].startswith("awa-worker-"), fast
-        assert fast[2:] == [_CLAIM_THREAD] * 4, fast
-        # a handler slower than the bound always goes to a worker thread
-        slow = _one_by_one(pg_dsn, schema, storage, conn, "slow", 4, ran, claimer)
-        assert all(t.startswith("awa-worker-") for t in slow), slow
-        assert INLINE_MAX_S < 0.01
-        # a kind timeout still closes an attempt whose handler runs on the claim thread
-        job_id = enqueue_one(pg_dsn, schema, "fast", {"sleep": 1.5}, queue="pq", max_attempts=1)
-        job = wait_for(lambda: (j := storage.job_load(conn, job_id)) and j["state"] not in ("available", "running")
-                       and j, 20, "the timed-out job closed")
-        assert job["state"] == "dlq", job
-        [entry] = storage.dlq_list(conn, "pq")
-        assert entry["job_id"] == job_id and entry["reason"].startswith("timed out after 0.5 s"), entry
-        assert next(t for k, j, t in ran if j == job_id) == _CLAIM_THREAD
-        # and the claimer goes on: the next fast job completes (after the sleeper returned)
-        assert _one_by_one(pg_dsn, schema, storage, conn, "fast", 1, ran, claimer)
-    finally:
-        claimer.stop()
-        thread.join(20)
-    assert not thread.is_alive()
-    # the sleeper's own late return was discarded (the timeout's retry had closed the attempt)
-    assert claimer.stats["stale"] == 1 and claimer.batcher.dropped == 0
