@@ -226,15 +226,34 @@ class App(AdminMixin, Client):
                     self.storage.schema_check(probe)
                 finally:
                     probe.close()
-                self._pool_obj = ConnectionPool(dsn, min_size=1, max_size=self.pool_size, open=True,
-                                                name=f"awa_fast:{self.storage.schema}",
-                                                kwargs={"application_name": self._application_name(),
-                                                        "autocommit": True})
+                pool = ConnectionPool(dsn, min_size=1, max_size=self.pool_size, open=False,
+                                      name=f"awa_fast:{self.storage.schema}",
+                                      kwargs={"application_name": self._application_name(),
+                                              "autocommit": True})
+                # Wait for the first connection before the first caller asks: a caller
+                # that finds the pool still filling makes it grow, and the pool then
+                # hands out its connections in turn, so one thread enqueuing alone
+                # would use two backends and spread its jobs over two lanes, which
+                # makes every claim take the several-lanes path (docs/performance-log.md,
+                # "p-regress").
+                self._open_pool(pool, dsn)
+                self._pool_obj = pool
             return self._pool_obj
+
+    @staticmethod
+    def _open_pool(pool: Any, dsn: str) -> None:
+        from psycopg_pool import PoolTimeout
+
+        try:
+            pool.open(wait=True, timeout=30.0)
+        except PoolTimeout:
+            pool.close()
+            raise DatabaseUnavailable(f"cannot connect to PostgreSQL at {redact_dsn(dsn)}; "
+                                      "check the DSN and that the server runs") from None
 
     async def _apool(self) -> Any:
         if self._apool_obj is None:
-            from psycopg_pool import AsyncConnectionPool
+            from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
             dsn = self.resolve_dsn()
             try:
@@ -250,7 +269,13 @@ class App(AdminMixin, Client):
             pool = AsyncConnectionPool(dsn, min_size=1, max_size=self.pool_size, open=False,
                                        name=f"awa_fast:{self.storage.schema}:async",
                                        kwargs={"application_name": self._application_name(), "autocommit": True})
-            await pool.open()  # opened before it is published: nobody sees a closed pool
+            # opened with its first connection (see _pool) before it is published
+            try:
+                await pool.open(wait=True, timeout=30.0)
+            except PoolTimeout:
+                await pool.close()
+                raise DatabaseUnavailable(f"cannot connect to PostgreSQL at {redact_dsn(dsn)}; "
+                                          "check the DSN and that the server runs") from None
             with self._lock:
                 extra = pool if self._apool_obj is not None else None
                 if extra is None:
