@@ -42,10 +42,29 @@ SELECT job_id, run_lease FROM __SCHEMA__.receipt_complete_rows_v2(%s::int[], %s:
 INSERT INTO __SCHEMA__.lease_claim_closure_batches (claim_slot, claim_id, outcome)
 SELECT s, c, 1 FROM unnest(%s::int[], %s::bigint[]) AS u(s, c)
 
+-- name: receipt_done_compact
+-- Compact done rows (0015): one per receipt of the flush, naming the attempts of it this flush completes
+-- (per-attempt arrays: claim_slot, claim_id, job_id, run_lease); slot, lane and range from the receipt
+-- (lease_claims primary key, locked by receipt_guard), queue from queue_lanes primary key. Returns how many
+-- attempts each row completes (the caller checks the sum).
+INSERT INTO __SCHEMA__.done_receipts (ready_slot, lane_id, claim_id, first_seq, last_seq, queue, job_ids, run_leases)
+SELECT c.ready_slot, c.lane_id, c.claim_id, c.first_seq, c.last_seq, ql.queue, g.js, g.ls
+FROM (SELECT u.s, u.c, array_agg(u.j ORDER BY u.o) AS js, array_agg(u.l ORDER BY u.o) AS ls
+      FROM unnest(%s::int[], %s::bigint[], %s::bigint[], %s::int[]) WITH ORDINALITY AS u(s, c, j, l, o)
+      GROUP BY u.s, u.c) g
+JOIN __SCHEMA__.lease_claims c ON c.claim_slot = g.s AND c.claim_id = g.c
+JOIN __SCHEMA__.queue_lanes ql ON ql.lane_id = c.lane_id
+RETURNING cardinality(job_ids)
+
 -- name: attempts_completed
--- Which of these attempts have a completed done row under their own run_lease (a replayed flush's check).
+-- Which of these attempts have a completed done row under their own run_lease (a replayed flush's check):
+-- per-job rows by done_entries_job, compact rows (0015) by the attempts' lane positions (done_receipt_at).
 SELECT job_id, run_lease FROM __SCHEMA__.done_entries
-WHERE job_id = ANY(%s::bigint[]) AND state = 1
+WHERE job_id = ANY(%(jobs)s::bigint[]) AND state = 1
+UNION ALL
+SELECT u.j, u.l FROM unnest(%(jobs)s::bigint[], %(leases)s::int[], %(slots)s::int[], %(lanes)s::int[],
+                            %(seqs)s::bigint[]) AS u(j, l, s, n, q)
+WHERE __SCHEMA__.done_receipt_at(u.s, u.n, u.q, u.j, u.l) IS NOT NULL
 
 -- name: attempt_state_delete
 -- Drop the mutable state of attempts that just ended (primary key probes).
@@ -76,8 +95,9 @@ SELECT __SCHEMA__.job_cancel_keyed(%s::bigint)
 
 -- name: job_load
 -- Find a job wherever it lives (JSON object or NULL), with its progress and result (waiting on its
--- concurrency key too: job_load_keyed, migration 0012).
-SELECT __SCHEMA__.job_load_keyed(%s::bigint)
+-- concurrency key too: job_load_keyed, migration 0012; completed by a compact done row too: job_load_keyed_v2,
+-- migration 0015).
+SELECT __SCHEMA__.job_load_keyed_v2(%s::bigint)
 
 -- name: deferred_promote
 -- Promote due deferred jobs into ready (index deferred_jobs_due).
@@ -102,7 +122,7 @@ SELECT __SCHEMA__.ring_rotate_v2(%s::text, %s::text)
 
 -- name: ring_prune
 -- Prune one sealed ring slot by TRUNCATE behind its gates (short lock timeout).
-SELECT __SCHEMA__.ring_prune(%s::text, %s::int, %s::text)
+SELECT __SCHEMA__.ring_prune_v3(%s::text, %s::int, %s::text, 0)
 
 -- name: ring_state
 -- Current slot, generation and slot count of every ring.
@@ -149,7 +169,7 @@ SELECT queue, depth FROM __SCHEMA__.queue_depth_fast()
 -- Exact per-queue counts by state (scans live rings); jobs waiting on their concurrency key count as
 -- available (due) or scheduled, as job_load_keyed shows them.
 SELECT queue, state, sum(count)::bigint FROM (
-    SELECT c.queue, c.state, c.count FROM __SCHEMA__.queue_counts_exact() c
+    SELECT c.queue, c.state, c.count FROM __SCHEMA__.queue_counts_exact_v2() c
     UNION ALL
     SELECT w.queue, CASE WHEN w.run_at > now() THEN 'scheduled' ELSE 'available' END, count(*)
     FROM __SCHEMA__.key_waiting w GROUP BY 1, 2) x
@@ -203,9 +223,11 @@ WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 AND l.objid = 0
 SELECT __SCHEMA__.runtime_grant(%s::text)
 
 -- name: queue_terminal_counts
--- Completed/failed/cancelled per queue: live done_entries plus the rollups prune folded in.
+-- Completed/failed/cancelled per queue: live done_entries and compact done rows (0015) plus the rollups
+-- prune folded in.
 SELECT queue, state, sum(n)::bigint FROM (
     SELECT queue, state, count(*) AS n FROM __SCHEMA__.done_entries GROUP BY 1, 2
+    UNION ALL SELECT queue, 1::smallint, sum(cardinality(job_ids)) FROM __SCHEMA__.done_receipts GROUP BY 1
     UNION ALL SELECT queue, state, count FROM __SCHEMA__.queue_terminal_rollups) t
 GROUP BY 1, 2
 
@@ -228,7 +250,7 @@ SELECT __SCHEMA__.ring_slot_empty(%s::text, %s::int)
 -- the order given, with the flushed progress of an open attempt (attempt_state primary key (job_id, run_lease)).
 SELECT u.job_id, j.v, COALESCE(s.progress, j.v->'progress')
 FROM unnest(%s::bigint[]) WITH ORDINALITY AS u(job_id, n)
-CROSS JOIN LATERAL (SELECT __SCHEMA__.job_load_keyed(u.job_id) AS v) j
+CROSS JOIN LATERAL (SELECT __SCHEMA__.job_load_keyed_v2(u.job_id) AS v) j
 LEFT JOIN __SCHEMA__.attempt_state s
     ON s.job_id = u.job_id AND s.run_lease = (j.v->>'run_lease')::int
    AND j.v->>'state' IN ('running', 'waiting_external')
@@ -324,7 +346,7 @@ SELECT job_id, run_lease FROM __SCHEMA__.receipt_complete_results(%s::int[], %s:
 
 -- name: ring_prune_retained
 -- Prune a sealed slot like ring_prune, but keep a ready slot until it has been quiet for the retention.
-SELECT __SCHEMA__.ring_prune_v2(%s::text, %s::int, %s::text, %s::float8)
+SELECT __SCHEMA__.ring_prune_v3(%s::text, %s::int, %s::text, %s::float8)
 
 -- name: ready_retention
 -- History retention of the shared ready ring: the longest of the queues' (1 hour when no queue is known).
@@ -425,7 +447,7 @@ FROM __SCHEMA__.ring_slots r
 LEFT JOIN pg_stat_user_tables st
        ON st.schemaname = %(schema)s
       AND st.relname ~ ('^(' || CASE r.ring
-                                   WHEN 'ready' THEN 'ready_entries|ready_segments|ready_tombstones|done_entries'
+                                   WHEN 'ready' THEN 'ready_entries|ready_segments|ready_tombstones|done_entries|done_receipts'
                                    WHEN 'claim' THEN 'lease_claims|lease_claim_closures|lease_claim_closure_batches'
                                    ELSE 'leases' END || ')_' || r.slot || '$')
 GROUP BY r.ring, r.slot
@@ -475,17 +497,17 @@ FROM __SCHEMA__.queue_limit_status()
 
 -- name: job_enqueue_unique
 -- Enqueue one unique job: (job_id, inserted); inserted false names the holder and wrote nothing.
-SELECT job_id, inserted FROM __SCHEMA__.job_enqueue_unique(%s::bytea, %s::float8, %s::int, %s::text, %s::int,
+SELECT job_id, inserted FROM __SCHEMA__.job_enqueue_unique_v2(%s::bytea, %s::float8, %s::int, %s::text, %s::int,
     %s::text, %s::jsonb, %s::jsonb, %s::int, %s::timestamptz, %s::float8)
 
 -- name: job_enqueue_unique_many
 -- Enqueue many unique jobs of one kind (keys distinct within the call): (job_id, inserted) per row, in order.
-SELECT job_id, inserted FROM __SCHEMA__.job_enqueue_unique_many(%s::bytea[], %s::float8, %s::int, %s::text,
+SELECT job_id, inserted FROM __SCHEMA__.job_enqueue_unique_many_v2(%s::bytea[], %s::float8, %s::int, %s::text,
     %s::int, %s::text, %s::jsonb[], %s::jsonb, %s::int)
 
 -- name: unique_sweep
 -- One batch of the stale-key sweep, in key order after a position (NULL: from the start).
-SELECT swept, scanned, last_key, last_bucket FROM __SCHEMA__.unique_sweep(%s::bytea, %s::bigint, %s::int)
+SELECT swept, scanned, last_key, last_bucket FROM __SCHEMA__.unique_sweep_v2(%s::bytea, %s::bigint, %s::int)
 
 -- name: unique_key_holder
 -- The job holding a key now (any state), for admin and tests.
@@ -526,7 +548,7 @@ FROM __SCHEMA__.schedules s WHERE s.enabled AND NOT s.paused ORDER BY s.name
 
 -- name: schedule_fire
 -- Fire one tick of a schedule (ledger row + enqueue in this transaction): (outcome, job_id).
-SELECT outcome, job_id FROM __SCHEMA__.schedule_fire(%s::text, %s::timestamptz, %s::timestamptz, %s::int,
+SELECT outcome, job_id FROM __SCHEMA__.schedule_fire_v2(%s::text, %s::timestamptz, %s::timestamptz, %s::int,
     %s::text, %s::text, %s::boolean)
 
 -- name: schedule_list
@@ -577,7 +599,7 @@ SELECT __SCHEMA__.job_enqueue_keyed_many(%s::text, %s::int, %s::text, %s::jsonb[
 -- lane_claim_limited; same rows as lane_claim, the marker also while due jobs wait on a key.
 SELECT job_id, run_lease, attempt, max_attempts, queue, kind, priority, args, metadata, ready_slot,
        lane_id, lane_seq, claim_slot, claim_id, created_at, errors, callback_result, progress
-FROM __SCHEMA__.lane_claim_keyed(%s::text, %s::int, %s::int, %s::int)
+FROM __SCHEMA__.lane_claim_keyed_v2(%s::text, %s::int, %s::int, %s::int)
 
 -- name: queue_limits_read
 -- Every flow-control setting of one queue, the key limit too (primary key probe; claimers, every few s).
@@ -585,7 +607,7 @@ SELECT max_running, rate_count, rate_per, rate_burst, key_max_running FROM __SCH
 
 -- name: queue_key_limit_set
 -- Set or (NULL) remove a queue's key_max_running; removing releases its waiting jobs.
-SELECT __SCHEMA__.queue_key_limit_set(%s::text, %s::int)
+SELECT __SCHEMA__.queue_key_limit_set_v2(%s::text, %s::int)
 
 -- name: queue_key_status
 -- Per key-limited queue: the limit, jobs waiting on a key, keys waiting, jobs admitted.

@@ -352,7 +352,7 @@ class CompletionBatcher:
         on under a new run_lease. Outcomes other than completion still count
         as stale on a replay.
         """
-        mine = {(s.job_id, s.run_lease) for s in completes} & stale
+        mine = [s for s in completes if (s.job_id, s.run_lease) in stale]
         if not mine:
             return set()
         own = self.storage.attempts_completed(conn, mine)

@@ -50,8 +50,6 @@ DEFAULT_DEADLINE_S = 3600.0  # queue_meta.deadline default (sql/0005_runtime_har
 
 _READY_COPY = ("COPY __SCHEMA__.ready_entries_{slot} (ready_slot, lane_id, lane_seq, job_id, kind, args, metadata,"
                " attempt, max_attempts, lease_base) FROM STDIN (FORMAT binary)")
-_DONE_COPY = ("COPY __SCHEMA__.done_entries (ready_slot, job_id, lane_id, lane_seq, run_lease, attempt, state, queue,"
-              " kind) FROM STDIN (FORMAT binary)")
 _DONE_RESULT_COPY = ("COPY __SCHEMA__.done_entries (ready_slot, job_id, lane_id, lane_seq, run_lease, attempt, state,"
                      " queue, kind, result) FROM STDIN (FORMAT binary)")
 _CLOSURE_COPY = ("COPY __SCHEMA__.lease_claim_closures (claim_slot, claim_id, job_id, run_lease, outcome)"
@@ -61,13 +59,12 @@ _CLOSURE_COPY = ("COPY __SCHEMA__.lease_claim_closures (claim_slot, claim_id, jo
 class Storage(KeyLimitQueries, SessionQueries):
     """All SQL of one awa-fast schema. Stateless apart from its rendered queries."""
 
-    __slots__ = ("schema", "q", "channel", "_done_copy", "_closure_copy", "_done_result_copy")
+    __slots__ = ("schema", "q", "channel", "_closure_copy", "_done_result_copy")
 
     def __init__(self, schema: str = "awa_fast") -> None:
         self.schema = validate_schema(schema)
         self.q = named_queries(schema)
         self.channel = f"awa_fast_{schema}"
-        self._done_copy = render(_DONE_COPY, schema)
         self._closure_copy = render(_CLOSURE_COPY, schema)
         self._done_result_copy = render(_DONE_RESULT_COPY, schema)
 
@@ -197,9 +194,11 @@ class Storage(KeyLimitQueries, SessionQueries):
         """Complete receipt-backed attempts in the current transaction; returns the stale ones.
 
         Locks the receipts, drops attempts that are no longer open (counted
-        by the caller as stale), then binary-COPYs ``done_entries`` from the
-        claim snapshots and closes the rest: one compact row for each receipt
-        in ``whole_receipts`` (every one of its jobs is in this batch), one
+        by the caller as stale), then writes one compact done row per receipt
+        of the batch naming the attempts of it that complete here
+        (``done_receipts``, migration 0015: no per-job done row or index
+        entry) and closes them: one compact closure row for each receipt in
+        ``whole_receipts`` (every one of its jobs is in this batch), one
         closure row per attempt otherwise. ``with_state`` lists attempts that
         may have an ``attempt_state`` row to delete.
         """
@@ -218,8 +217,12 @@ class Storage(KeyLimitQueries, SessionQueries):
             live = [s for s in snapshots if (s.job_id, s.run_lease) not in stale_set]
         if live:
             cur = conn.cursor()
-            with cur.copy(self._done_copy) as cp:
-                cp.write(_impl.encode_done_rows(live))
+            done = cur.execute(self.q["receipt_done_compact"], (
+                _int_array([s.claim_slot for s in live]), _int_array([s.claim_id for s in live]),
+                _int_array([s.job_id for s in live]), _int_array([s.run_lease for s in live]))).fetchall()
+            if sum(int(n) for n, in done) != len(live):
+                # every live receipt is locked and open (receipt_guard): a missing one is a bug, never a skip
+                raise RuntimeError(f"compact done rows cover {sum(int(n) for n, in done)} of {len(live)} attempts")
             whole = {w for w in whole_receipts}
             if stale_set:
                 stale_claims = {s.claim_id for s in snapshots if (s.job_id, s.run_lease) in stale_set}
@@ -238,13 +241,20 @@ class Storage(KeyLimitQueries, SessionQueries):
         return sorted(stale_set)
 
     def attempts_completed(self, conn: psycopg.Connection,
-                           attempts: Iterable[tuple[int, int]]) -> set[tuple[int, int]]:
-        """Of ``(job_id, run_lease)`` pairs, those with a completed ``done_entries`` row under that run_lease."""
-        wanted = set(attempts)
-        if not wanted:
+                           attempts: Iterable[ClaimSnapshot]) -> set[tuple[int, int]]:
+        """Of these attempts, the ``(job_id, run_lease)`` pairs completed under that run_lease.
+
+        Per-job ``done_entries`` rows and compact ``done_receipts`` rows both count.
+        """
+        snaps = {(s.job_id, s.run_lease): s for s in attempts}
+        if not snaps:
             return set()
-        rows = conn.execute(self.q["attempts_completed"], ([j for j, _ in wanted],)).fetchall()
-        return {(int(j), int(lease)) for j, lease in rows} & wanted
+        ss = list(snaps.values())
+        rows = conn.execute(self.q["attempts_completed"], {
+            "jobs": [s.job_id for s in ss], "leases": [s.run_lease for s in ss],
+            "slots": [s.ready_slot for s in ss], "lanes": [s.lane_id for s in ss],
+            "seqs": [s.lane_seq for s in ss]}).fetchall()
+        return {(int(j), int(lease)) for j, lease in rows} & set(snaps)
 
     def receipt_lock(self, conn: psycopg.Connection, claim_ids: Iterable[int]) -> None:
         """Take the receipts' advisory locks in ascending order (within the current transaction).
@@ -259,7 +269,8 @@ class Storage(KeyLimitQueries, SessionQueries):
         """Complete a small batch in one statement; returns the stale attempts.
 
         The low-latency twin of :meth:`receipt_complete`: on an autocommit
-        connection it is one round trip and one commit. Same guard, same rows.
+        connection it is one round trip and one commit. Same guard; it writes
+        per-job ``done_entries`` rows (the compact ``done_receipts`` row is the COPY path's).
         """
         if not snapshots:
             return []
@@ -982,12 +993,17 @@ class _Stmt(Generic[R]):
     shape: Callable[[list[tuple[Any, ...]], int], R]  # (rows, rowcount) -> result
 
 
-# Where each job state can live, for job_list_ids' per-plane switches.
+def _int_array(values: list[int]) -> str:
+    """A PostgreSQL array literal of ints (the query casts it): one join in C instead of a dump per element."""
+    return "{" + ",".join(map(str, values)) + "}"
+
+
 # Where a job in each state may live ("waiting": key_waiting, a keyed job held until its key has room,
 # which job_load_keyed reports as available, or scheduled while its run_at is ahead).
 _STATE_PLANES = {
     "available": {"ready", "waiting"}, "running": {"ready"}, "cancelled": {"ready", "done"},
-    "completed": {"done"}, "failed": {"done"}, "dlq": {"dlq"},
+    # a job completed by a compact done row (0015) is found through its ready row
+    "completed": {"done", "ready"}, "failed": {"done"}, "dlq": {"dlq"},
     "scheduled": {"deferred", "waiting"}, "retryable": {"deferred"}, "snoozed": {"deferred"},
     "waiting_external": {"leases"},
 }

@@ -32,11 +32,16 @@ _DEAD_TOP = ("SELECT relname, n_dead_tup FROM pg_stat_user_tables WHERE schemana
              "ORDER BY n_dead_tup DESC LIMIT %s")
 # Intent: the first claim statement's start, while its receipt still exists (lease_claims is small: the live claims).
 _FIRST_CLAIM = "SELECT extract(epoch FROM min(claimed_at))::float8 FROM __SCHEMA__.lease_claims"
-# Intent: the start of the last completion transaction (a scan of done_entries; bench schemas only).
-_LAST_FINISH = "SELECT extract(epoch FROM max(finished_at))::float8 FROM __SCHEMA__.done_entries"
-# Intent: per job, when its completion row was written (done_entries by job_id = ANY: a scan, bench schemas only).
+# Intent: the start of the last completion transaction (scans done_entries and the compact done_receipts;
+# bench schemas only).
+_LAST_FINISH = ("SELECT extract(epoch FROM greatest((SELECT max(finished_at) FROM __SCHEMA__.done_entries),"
+                " (SELECT max(finished_at) FROM __SCHEMA__.done_receipts)))::float8")
+# Intent: per job, when its completion row was written (done_entries by job_id = ANY, and the compact rows'
+# job_ids: scans, bench schemas only).
 _FINISHED_BY_JOB = ("SELECT job_id, extract(epoch FROM {ts})::float8 FROM __SCHEMA__.done_entries "
-                    "WHERE job_id = ANY(%s)")
+                    "WHERE job_id = ANY(%(jobs)s) UNION ALL "
+                    "SELECT u.j, extract(epoch FROM {ts})::float8 FROM __SCHEMA__.done_receipts "
+                    "CROSS JOIN LATERAL unnest(job_ids) AS u(j) WHERE u.j = ANY(%(jobs)s)")
 # Intent: the pinned reader's one read of the ready ring, so its snapshot holds back vacuum.
 _PIN_READ = "SELECT count(*) FROM __SCHEMA__.ready_entries"
 _PIN_XMIN = "SELECT backend_xmin::text FROM pg_stat_activity WHERE pid = pg_backend_pid()"
@@ -125,7 +130,7 @@ def completion_at_by_job(conn: psycopg.Connection, schema: str, job_ids: Sequenc
     """
     ts = "pg_xact_commit_timestamp(xmin)" if commit_timestamp else "finished_at"
     text = _FINISHED_BY_JOB.format(ts=ts)
-    return dict(conn.execute(render(text, validate_schema(schema)), (list(job_ids),)).fetchall())
+    return dict(conn.execute(render(text, validate_schema(schema)), {"jobs": list(job_ids)}).fetchall())
 
 
 def pinned_reader_begin(conn: psycopg.Connection, schema: str) -> str | None:

@@ -216,6 +216,19 @@ BEGIN
             octet_length(NEW.error));
     RETURN NULL;
 END $$;
+-- A compact done row (migration 0015) completes every attempt it names: one terminal record each, its
+-- attempt read from the ready row it completed (same slot and lane, run_lease = lease_base + 1).
+CREATE FUNCTION {a}.on_done_receipt() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO {a}.terminal (job_id, run_lease, attempt, state, error_len)
+    SELECT u.j, u.l, COALESCE((SELECT e.attempt + 1 FROM {s}.ready_entries e
+                               WHERE e.ready_slot = NEW.ready_slot AND e.lane_id = NEW.lane_id AND e.job_id = u.j
+                                 AND e.lease_base + 1 = u.l AND e.lane_seq BETWEEN NEW.first_seq AND NEW.last_seq),
+                              -1),
+           'completed', NULL
+    FROM unnest(NEW.job_ids, NEW.run_leases) AS u(j, l);
+    RETURN NULL;
+END $$;
 CREATE FUNCTION {a}.on_dlq() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO {a}.terminal (job_id, run_lease, attempt, state, error_len)
@@ -230,6 +243,7 @@ CREATE TRIGGER chaos_audit AFTER INSERT ON {s}.lease_claim_closures FOR EACH ROW
 CREATE TRIGGER chaos_audit AFTER INSERT ON {s}.lease_claim_closure_batches
     FOR EACH ROW EXECUTE FUNCTION {a}.on_batch_closure();
 CREATE TRIGGER chaos_audit AFTER INSERT ON {s}.done_entries FOR EACH ROW EXECUTE FUNCTION {a}.on_done();
+CREATE TRIGGER chaos_audit AFTER INSERT ON {s}.done_receipts FOR EACH ROW EXECUTE FUNCTION {a}.on_done_receipt();
 CREATE TRIGGER chaos_audit AFTER INSERT ON {s}.dlq_entries FOR EACH ROW EXECUTE FUNCTION {a}.on_dlq();
 """
 
@@ -680,9 +694,13 @@ def check_invariants(conn: psycopg.Connection, schema: str, expect: Expect,
     if exact != {k: v for k, v in expect.states.items() if v}:
         problems.append(f"queue_counts_exact {exact} != expected {expect.states}")
     live_dups = q(conn, f"""SELECT job_id, count(*) FROM (SELECT job_id FROM {s}.done_entries
+                             UNION ALL SELECT unnest(job_ids) FROM {s}.done_receipts
                              UNION ALL SELECT job_id FROM {s}.dlq_entries) t GROUP BY 1 HAVING count(*) > 1""")
     if live_dups:
-        problems.append(f"done_entries + dlq_entries hold duplicate job ids: {live_dups[:5]}")
+        problems.append(f"done_entries + done_receipts + dlq_entries hold duplicate job ids: {live_dups[:5]}")
+    bad_attempts = q(conn, f"SELECT job_id, run_lease FROM {a}.terminal WHERE attempt < 0")
+    if bad_attempts:
+        problems.append(f"compact done rows name attempts without their ready row: {bad_attempts[:5]}")
 
     # 2. nothing from a rolled-back enqueue is visible or executed
     if expect.rolled_back:

@@ -133,10 +133,12 @@ def test_no_time_comparison_uses_a_client_supplied_time():
     # the cron expression and the database clock it read (schedule_due_list's now()), compared
     # with now() only to refuse a tick that is not due yet; a unique key's stored expires_at
     # (unique_holds, read from the key row) and the fire ledger's retention interval
-    # (schedule_fires_prune: now() - keep), neither of them a clock reading
+    # (schedule_fires_prune: now() - keep), neither of them a clock reading; the _v2 of the unique
+    # and periodic ones (migration 0015) take the same arguments and differ only in the done rows they read
     assert set(timed) <= {"job_enqueue", "job_enqueue_v2", "job_enqueue_keyed", "ready_append",
                           "job_enqueue_unique", "job_write", "schedule_fire", "unique_holds",
-                          "schedule_fires_prune"}, timed
+                          "schedule_fires_prune", "job_enqueue_unique_v2", "schedule_fire_v2",
+                          "unique_holds_v2"}, timed
     queries = (sql_dir / "queries.sql").read_text()
     timed_queries = {name for name, body in re.findall(r"^-- name: (\w+)\n(.*?)(?=^-- name:|\Z)", queries,
                                                          re.M | re.S)

@@ -352,6 +352,7 @@ class StorageMachine(RuleBasedStateMachine):
     def at_most_one_terminal_record(self) -> None:
         s = f'"{self.schema}"'
         dups = self.conn.execute(f"""SELECT job_id FROM (SELECT job_id FROM {s}.done_entries
+                                     UNION ALL SELECT unnest(job_ids) FROM {s}.done_receipts
                                      UNION ALL SELECT job_id FROM {s}.dlq_entries) t
                                      GROUP BY 1 HAVING count(*) > 1""").fetchall()
         assert not dups, dups

@@ -23,6 +23,7 @@ from awa_fast.client import Client
 from awa_fast.storage import Storage
 from tests.fixtures.database import sqlx_all
 from tests.fixtures.supervisor import QUEUE, REPO_ROOT
+from tests.integration.storage_helpers import DONE_ALL
 
 
 def counts(storage: Storage, conn: psycopg.Connection, queue: str = QUEUE) -> dict[str, int]:
@@ -53,9 +54,9 @@ def enqueue_one(dsn: str, schema: str, kind: str, args: Any = None, **kw: Any) -
 
 
 def done_rows_by_job(conn: psycopg.Connection, schema: str) -> dict[int, list[tuple[int, int, int]]]:
-    """job_id -> [(state, attempt, run_lease), ...] over done_entries."""
+    """job_id -> [(state, attempt, run_lease), ...] over the done rows of both shapes (DONE_ALL)."""
     out: dict[int, list[tuple[int, int, int]]] = {}
-    rows = sqlx_all(conn, schema, "SELECT job_id, state, attempt, run_lease FROM __SCHEMA__.done_entries")
+    rows = sqlx_all(conn, schema, f"SELECT job_id, state, attempt, run_lease FROM {DONE_ALL}")
     for job_id, state, attempt, lease in rows:
         out.setdefault(int(job_id), []).append((int(state), int(attempt), int(lease)))
     return out

@@ -23,6 +23,18 @@ from tests.fixtures.waiting import wait_for
 
 KIND = "test.job"
 
+# Every done row, one per job, in done_entries' columns: per-job rows, and the attempts a compact
+# done_receipts row (migration 0015) completes, with their attempt and kind from the ready row they completed.
+DONE_ALL = """(SELECT ready_slot, job_id, lane_id, lane_seq, run_lease, attempt, state, queue, kind, error
+    FROM __SCHEMA__.done_entries
+    UNION ALL
+    SELECT d.ready_slot, u.j, d.lane_id, e.lane_seq, u.l, (e.attempt + 1)::smallint, 1::smallint, d.queue, e.kind,
+           NULL::text
+    FROM __SCHEMA__.done_receipts d CROSS JOIN LATERAL unnest(d.job_ids, d.run_leases) AS u(j, l)
+    LEFT JOIN __SCHEMA__.ready_entries e
+           ON e.ready_slot = d.ready_slot AND e.lane_id = d.lane_id AND e.job_id = u.j AND e.lease_base + 1 = u.l
+          AND e.lane_seq BETWEEN d.first_seq AND d.last_seq) AS done_all"""
+
 
 def lock_waiters(observer: psycopg.Connection, pid: int) -> list[tuple[str, str]]:
     """(locktype, mode) of every lock ``pid`` is waiting for (not granted)."""
@@ -109,7 +121,7 @@ def load(storage: Storage, conn: psycopg.Connection, job_id: int) -> dict[str, A
 
 def done_rows(conn: psycopg.Connection, schema: str, job_id: int) -> list[dict[str, Any]]:
     cur = sqlx(conn, schema, "SELECT ready_slot, job_id, lane_id, lane_seq, run_lease, attempt, state, queue, "
-                             "kind, error FROM __SCHEMA__.done_entries WHERE job_id = %s ORDER BY run_lease",
+                             f"kind, error FROM {DONE_ALL} WHERE job_id = %s ORDER BY run_lease",
                (job_id,))
     names = [d.name for d in cur.description or ()]
     return [dict(zip(names, r)) for r in cur.fetchall()]

@@ -17,6 +17,7 @@ from awa_fast.jobs import ClaimSnapshot
 from awa_fast.storage import Storage
 from tests.fixtures.database import connect, sqlx
 from tests.integration.storage_helpers import (
+    DONE_ALL,
     claim,
     claim_seq_value,
     complete,
@@ -92,7 +93,7 @@ def test_eight_concurrent_claimers_claim_every_job_exactly_once(pg_dsn, schema, 
             by_lane.setdefault(s.lane_id, []).append(s.lane_seq)
         assert all(seqs == sorted(seqs) for seqs in by_lane.values())
     assert storage.queue_counts_exact(conn) == {Q: {"completed": total}}
-    row = sqlx(conn, schema, "SELECT count(*), count(DISTINCT job_id) FROM __SCHEMA__.done_entries").fetchone()
+    row = sqlx(conn, schema, f"SELECT count(*), count(DISTINCT job_id) FROM {DONE_ALL}").fetchone()
     assert row == (total, total)
     assert claim(storage, conn, Q, 100) == []
 

@@ -21,7 +21,7 @@ from tests.integration.storage_helpers import (
 
 Q = "q"
 
-READY_TABLES = ("ready_entries", "ready_segments", "ready_tombstones", "done_entries")
+READY_TABLES = ("ready_entries", "ready_segments", "ready_tombstones", "done_entries", "done_receipts")
 CLAIM_TABLES = ("lease_claims", "lease_claim_closures", "lease_claim_closure_batches")
 
 

@@ -19,7 +19,7 @@ from awa_fast.client import Client
 from awa_fast.jobs import ClaimSnapshot
 from awa_fast.storage import Storage
 from tests.fixtures.database import connect, sqlx
-from tests.integration.storage_helpers import claim, counts, make_due
+from tests.integration.storage_helpers import DONE_ALL, claim, counts, make_due
 
 Q = "q"
 
@@ -82,7 +82,7 @@ def test_completion_racing_rescue_has_exactly_one_winner_per_attempt(pg_dsn, sch
     stale_jobs = {j for j, _ in stale}
     rescued_jobs = {int(r[0]) for r in sqlx(conn, schema, "SELECT job_id FROM __SCHEMA__.lease_claim_closures "
                                                           "WHERE outcome = 7").fetchall()}
-    done_jobs = {int(r[0]) for r in sqlx(conn, schema, "SELECT job_id FROM __SCHEMA__.done_entries "
+    done_jobs = {int(r[0]) for r in sqlx(conn, schema, f"SELECT job_id FROM {DONE_ALL} "
                                                        "WHERE run_lease = 1").fetchall()}
     assert rescued[0] == len(rescued_jobs)
     assert rescued_jobs and done_jobs, "no race happened"

@@ -18,6 +18,7 @@ import pytest
 from awa_fast.storage import CLOSE_CANCEL, CLOSE_COMPLETE, CLOSE_FAIL, CLOSE_RETRY, CLOSE_SNOOZE, Storage
 from tests.fixtures.database import scalar, sqlx
 from tests.integration.storage_helpers import (
+    DONE_ALL,
     KIND,
     claim,
     close,
@@ -37,6 +38,11 @@ Q = "q"
 
 def n_rows(conn, schema, table, where="true", params=None) -> int:
     return int(scalar(conn, schema, f"SELECT count(*) FROM __SCHEMA__.{table} WHERE {where}", params))
+
+
+def n_done(conn, schema) -> int:
+    """Done rows of both shapes, one per job (per-job done_entries and compact done_receipts)."""
+    return int(scalar(conn, schema, f"SELECT count(*) FROM {DONE_ALL}"))
 
 
 def claim_one(storage: Storage, conn, queue: str = Q):
@@ -77,7 +83,7 @@ def test_complete_per_attempt_closures_and_stale_repeat(schema, storage, conn):
     assert counts(storage, conn, Q) == {"completed": 2, "running": 1}
     # completing again is stale and writes nothing
     assert complete(storage, conn, snaps[:2]) == sorted((s.job_id, s.run_lease) for s in snaps[:2])
-    assert n_rows(conn, schema, "done_entries") == 2
+    assert n_done(conn, schema) == 2
     assert close(storage, conn, snaps[2], CLOSE_COMPLETE) == "ok"
     assert counts(storage, conn, Q) == {"completed": 3}
 
@@ -96,7 +102,7 @@ def test_complete_rows_low_latency_path(schema, storage, conn):
     assert counts(storage, conn, Q) == {"completed": 2, "running": 1}
     # repeats and already-closed attempts are stale and write nothing; the live one still completes
     assert storage.receipt_complete_rows(conn, snaps) == sorted((s.job_id, s.run_lease) for s in snaps[:2])
-    assert n_rows(conn, schema, "done_entries") == 3
+    assert n_done(conn, schema) == 3
     assert counts(storage, conn, Q) == {"completed": 3}
     assert storage.receipt_complete_rows(conn, []) == []
 
@@ -501,7 +507,7 @@ def test_stale_writers_after_rescue_are_rejected(schema, storage, conn):
     assert close(storage, conn, old, CLOSE_RETRY, 1.0, "late") == "stale"
     assert n_rows(conn, schema, "attempt_state") == 0
     assert n_rows(conn, schema, "leases") == 0
-    assert n_rows(conn, schema, "done_entries") == 0
+    assert n_done(conn, schema) == 0
     assert n_rows(conn, schema, "dlq_entries") == 0
     assert n_rows(conn, schema, "deferred_jobs") == 0
 
