@@ -42,7 +42,7 @@ from awa_fast.runtime.entry import claimer_main, die_with_parent
 from awa_fast.runtime.executor import Executor
 from awa_fast.runtime.handler_outcome import error_text, failure_text, timeout_text
 from awa_fast.runtime.heartbeat import Heartbeat, HeartbeatConfig
-from awa_fast.runtime.listener import Listener, ListenerConfig
+from awa_fast.runtime.listener import Listener, ListenerConfig, Wakeup
 from awa_fast.runtime.watchdog import IoGuard, Watchdog, WatchdogConfig
 from awa_fast.storage import Storage, close_quietly, connect, use_raw_jsonb
 
@@ -125,10 +125,12 @@ class ClaimerConfig:
     heartbeat_interval: float = 5.0
     drain_timeout: float = 30.0
     listen: bool = True
-    # A claim, a completion flush or a LISTEN ping that gets no answer for this
-    # long is taken as a half-open connection: its socket is shut down, which
-    # turns the hang into an error the loops already recover from.
-    io_timeout: float = 10.0  # the LISTEN connection is pinged every io_timeout / 2
+    # A claim, a completion flush or a LISTEN statement that gets no answer for
+    # this long is taken as a half-open connection: its socket is shut down, which
+    # turns the hang into an error the loops already recover from. The idle LISTEN
+    # connection is pinged every io_timeout / 2 (without blocking, by the claim
+    # thread) and replaced when a ping has no answer for io_timeout.
+    io_timeout: float = 10.0
     max_progress_bytes: int = MAX_PROGRESS_BYTES  # encoded size limit of one job.set_progress() value
     # True: claim_batch is a ceiling; claims start at max(16, concurrency) and grow while they
     # come back full (see next_claim_size). False: every claim asks for up to claim_batch.
@@ -162,7 +164,9 @@ class Claimer:
         self.shm = shm_record
         self.max_progress_bytes = config.max_progress_bytes  # read by Job.set_progress
         self._stopping = threading.Event()
-        self._wake = threading.Event()
+        # Set by stop(), by handlers freeing capacity and by the listener's helper thread; the claim
+        # loop sleeps on it and on the LISTEN socket at once (Listener.wait).
+        self._wake = Wakeup()
         # False after a claim came back short (the queue looked empty to it):
         # finished handlers then do not wake the claim loop, only a NOTIFY or
         # the poll does. True while a backlog may remain behind a full claim.
@@ -181,7 +185,7 @@ class Claimer:
             self.attempts, on_lost=self.executor.attempts_lost, on_cancel=self.executor.cancel_requested,
             on_death=lambda exc: self.thread_died("the heartbeat thread", exc))
         self.listener = (Listener(ListenerConfig(config.dsn, config.schema, config.queue, config.io_timeout),
-                                  self._stopping, self._notified) if config.listen else None)
+                                  self._stopping) if config.listen else None)
         self._claim_guard = IoGuard("claim")
         guards = [self._claim_guard, self.batcher.guard] + ([self.listener.guard] if self.listener else [])
         self.watchdog = Watchdog(WatchdogConfig(max(config.heartbeat_interval / 2, 0.05), config.io_timeout),
@@ -223,7 +227,7 @@ class Claimer:
         self.watchdog.start()
         self.executor.start()
         if self.listener is not None:
-            self.listener.start()
+            self.listener.start(self._wake)
         self._set_state("running")
         log.info("claimer %s#%d running (concurrency %d, batch %s%d)", cfg.queue, cfg.stripe, cfg.concurrency,
                  "adaptive up to " if cfg.adaptive_batch else "", cfg.claim_batch, extra={"action": "claimer_start"})
@@ -321,13 +325,14 @@ class Claimer:
                     # notifies unless the lane's backlog is 64+, and that
                     # backlog counts this claim's rows only until it commits,
                     # which is why only a claim of a few rows may sleep. A
-                    # NOTIFY that arrived during the claim has set _wake.
+                    # NOTIFY that arrived during the claim is read by the
+                    # next _sleep, which then returns at once.
                     self._backlog_maybe = False
                 elif lane_busy and not snaps:
                     # Another claimer holds that lane head right now: retry
                     # with a growing pause (a stuck holder costs no spin).
                     self.count("empty_claims", 1)
-                    self._wake.wait(busy_pause)
+                    self._sleep(busy_pause)
                     busy_pause = min(next_busy_pause(busy_pause), cfg.poll_interval)
                     continue
                 busy_pause = _BUSY_PAUSE_FIRST
@@ -342,7 +347,14 @@ class Claimer:
                 log.error("supervisor %d is gone; draining", self._parent, extra={"action": "orphaned"})
                 self._stopping.set()
                 break
-            self._wake.wait(cfg.poll_interval)
+            self._sleep(cfg.poll_interval)
+
+    def _sleep(self, timeout: float) -> None:
+        """Wait for a wake-up, a NOTIFY for this queue (read on this thread), or ``timeout`` seconds."""
+        if self.listener is None:
+            self._wake.wait(timeout)
+        elif self.listener.wait(self._wake, timeout):
+            self._notified()
 
     def _close_claim_conn(self) -> None:
         close_quietly(self._claim_conn)
@@ -364,9 +376,8 @@ class Claimer:
         self.executor.dispatch(jobs)
 
     def _notified(self) -> None:
-        """The listener's wake-up (a NOTIFY for this queue, or a fresh LISTEN)."""
+        """A NOTIFY for this queue, or a fresh LISTEN (wake-ups may have been missed): there may be a backlog."""
         self._backlog_maybe = True
-        self._wake.set()
 
     # -- the executor's side (ExecutorHooks) --------------------------------------------
 
@@ -500,6 +511,8 @@ class Claimer:
         cfg = self.config
         self._set_state("draining")
         log.info("claimer %s#%d draining", cfg.queue, cfg.stripe, extra={"action": "drain_start"})
+        if self.listener is not None:
+            self.listener.close()  # no more claims: no more wake-ups
         # Hand back claimed jobs that never started: no attempt consumed.
         handed_back = self.executor.hand_back_unstarted()
         with self._count_lock:

@@ -1,8 +1,8 @@
 """The watchdog of one claimer: hung I/O and handler timeouts, on its own thread.
 
-Each role that talks to the database over its own connection (claim loop,
-completion batcher, listener) owns an :class:`IoGuard` and reports the
-operation in flight on it: ``begin(conn)`` before, ``end()`` after. Every
+Each role that blocks on a database connection of its own (the claim loop's
+claims, the completion batcher's flushes, the listener's ``LISTEN``) owns an
+:class:`IoGuard` and reports the operation in flight on it: ``begin(conn)`` before, ``end()`` after. Every
 tick the watchdog looks at each guard; an operation without an answer for
 ``io_timeout`` seconds is taken as a half-open connection and its socket is
 shut down, which turns the hang into an error its owner's loop already
