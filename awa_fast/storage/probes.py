@@ -38,10 +38,12 @@ _LAST_FINISH = ("SELECT extract(epoch FROM greatest((SELECT max(finished_at) FRO
                 " (SELECT max(finished_at) FROM __SCHEMA__.done_receipts)))::float8")
 # Intent: per job, when its completion row was written (done_entries by job_id = ANY, and the compact rows'
 # job_ids: scans, bench schemas only).
-_FINISHED_BY_JOB = ("SELECT job_id, extract(epoch FROM {ts})::float8 FROM __SCHEMA__.done_entries "
-                    "WHERE job_id = ANY(%(jobs)s) UNION ALL "
-                    "SELECT u.j, extract(epoch FROM {ts})::float8 FROM __SCHEMA__.done_receipts "
-                    "CROSS JOIN LATERAL unnest(job_ids) AS u(j) WHERE u.j = ANY(%(jobs)s)")
+# {d} and {r}: the time expression over alias d (done_entries) and r (done_receipts); system columns
+# such as xmin must be qualified once the FROM list has a second item (the unnest).
+_FINISHED_BY_JOB = ("SELECT d.job_id, extract(epoch FROM {d})::float8 FROM __SCHEMA__.done_entries d "
+                    "WHERE d.job_id = ANY(%(jobs)s) UNION ALL "
+                    "SELECT u.j, extract(epoch FROM {r})::float8 FROM __SCHEMA__.done_receipts r "
+                    "CROSS JOIN LATERAL unnest(r.job_ids) AS u(j) WHERE u.j = ANY(%(jobs)s)")
 # Intent: the pinned reader's one read of the ready ring, so its snapshot holds back vacuum.
 _PIN_READ = "SELECT count(*) FROM __SCHEMA__.ready_entries"
 _PIN_XMIN = "SELECT backend_xmin::text FROM pg_stat_activity WHERE pid = pg_backend_pid()"
@@ -128,8 +130,8 @@ def completion_at_by_job(conn: psycopg.Connection, schema: str, job_ids: Sequenc
     the row's exact commit time, else ``finished_at`` (the start of the
     completing transaction).
     """
-    ts = "pg_xact_commit_timestamp(xmin)" if commit_timestamp else "finished_at"
-    text = _FINISHED_BY_JOB.format(ts=ts)
+    ts = "pg_xact_commit_timestamp({t}.xmin)" if commit_timestamp else "{t}.finished_at"
+    text = _FINISHED_BY_JOB.format(d=ts.format(t="d"), r=ts.format(t="r"))
     return dict(conn.execute(render(text, validate_schema(schema)), {"jobs": list(job_ids)}).fetchall())
 
 

@@ -180,3 +180,21 @@ def test_the_batcher_completes_plain_jobs_with_compact_rows(pg_dsn, schema, stor
     assert n_rows(conn, schema, "done_receipts") < compact  # many attempts per row
     states = [j["state"] if j is not None else None for j in storage.job_load_many(conn, ids)]
     assert states.count("completed") == compact + per_job  # the rest (if any) pruned into the rollups
+
+
+def test_the_bench_completion_probe_reads_both_row_shapes(schema, storage, conn):
+    """``probes.completion_at_by_job`` (bench latency's end-to-end clock) names each job once,
+    whether its done row is compact or per job, with either time source."""
+    from awa_fast.storage import probes
+
+    whole = [enqueue(schema, conn, Q, {"i": i}) for i in range(3)]
+    complete(storage, conn, claim(storage, conn, Q, 10), whole=True)  # one done_receipts row
+    single = enqueue(schema, conn, Q, {"single": 1})
+    storage.receipt_complete_rows(conn, claim(storage, conn, Q, 10))  # a done_entries row
+    conn.commit()
+    assert n_rows(conn, schema, "done_entries") == 1 and len(compact_rows(conn, schema)) == 1
+    at = probes.completion_at_by_job(conn, schema, [*whole, single], commit_timestamp=False)
+    assert sorted(at) == sorted([*whole, single]) and all(t > 0 for t in at.values())
+    # the commit-timestamp form must at least plan on both tables (xmin qualified); with the
+    # setting off the server cannot answer it, so it is asked for no job here
+    assert probes.completion_at_by_job(conn, schema, [], commit_timestamp=True) == {}
