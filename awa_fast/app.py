@@ -127,6 +127,12 @@ def _validate_timeout(value: object) -> float | None:
 
 
 
+def _unreachable(dsn: str) -> DatabaseUnavailable:
+    """The error for a server the probe or the pool could not reach (the DSN's password masked)."""
+    return DatabaseUnavailable(f"cannot connect to PostgreSQL at {redact_dsn(dsn)}; "
+                               "check the DSN and that the server runs")
+
+
 class App(AdminMixin, Client):
     """An awa-fast application: a handler registry plus the whole public API.
 
@@ -248,8 +254,7 @@ class App(AdminMixin, Client):
             pool.open(wait=True, timeout=30.0)
         except PoolTimeout:
             pool.close()
-            raise DatabaseUnavailable(f"cannot connect to PostgreSQL at {redact_dsn(dsn)}; "
-                                      "check the DSN and that the server runs") from None
+            raise _unreachable(dsn) from None
 
     async def _apool(self) -> Any:
         if self._apool_obj is None:
@@ -260,8 +265,7 @@ class App(AdminMixin, Client):
                 probe = await psycopg.AsyncConnection.connect(dsn, autocommit=True, connect_timeout=10,
                                                               application_name=self._application_name())
             except psycopg.OperationalError:
-                raise DatabaseUnavailable(f"cannot connect to PostgreSQL at {redact_dsn(dsn)}; "
-                                          "check the DSN and that the server runs") from None
+                raise _unreachable(dsn) from None
             try:
                 await self.storage.schema_check_async(probe)
             finally:
@@ -274,8 +278,7 @@ class App(AdminMixin, Client):
                 await pool.open(wait=True, timeout=30.0)
             except PoolTimeout:
                 await pool.close()
-                raise DatabaseUnavailable(f"cannot connect to PostgreSQL at {redact_dsn(dsn)}; "
-                                          "check the DSN and that the server runs") from None
+                raise _unreachable(dsn) from None
             with self._lock:
                 extra = pool if self._apool_obj is not None else None
                 if extra is None:
