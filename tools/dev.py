@@ -109,13 +109,31 @@ def env_without_venv_leaks() -> dict[str, str]:
     return env
 
 
-def _stream(prefix: str, proc: subprocess.Popen[str], sink: list[str]) -> None:
-    """Copy ``proc``'s output to ours a line at a time, each line behind ``prefix``; keep the last lines."""
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        print(prefix + line, end="", flush=True)
-        sink.append(line)
-        del sink[:-3]
+class _Pass:
+    """One pytest session of the default run, its output copied to ours behind ``[impl] ``."""
+
+    def __init__(self, impl: str, cmd: list[str], env: dict[str, str]) -> None:
+        self.impl = impl
+        self.started = time.monotonic()
+        self.seconds = 0.0
+        self.last = "(no output)"
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, text=True, bufsize=1, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT)
+        self.reader = threading.Thread(target=self._copy, name=f"dev.py [{impl}]", daemon=True)
+        self.reader.start()
+
+    def _copy(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:  # whole lines, so the two passes interleave line by line only
+            print(f"[{self.impl}] {line}", end="", flush=True)
+            if line.strip():
+                self.last = line.strip()
+        self.proc.wait()
+        self.seconds = time.monotonic() - self.started
+
+    def wait(self) -> int:
+        self.reader.join()
+        return self.proc.wait()
 
 
 def cmd_test(extra: list[str]) -> int:
@@ -127,35 +145,24 @@ def cmd_test(extra: list[str]) -> int:
     # time, each its own pytest session with its own PostgreSQL and temporary directories: one pass
     # alone leaves most of two cores idle (it waits on heartbeats, timers and subprocesses), so the
     # pair finishes in little more than the time of one (docs/testing.md, "How the suite runs").
-    cmd = [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
-    passes: list[tuple[str, subprocess.Popen[str], threading.Thread, list[str], float]] = []
-    for impl in IMPLEMENTATIONS:
-        print(f"dev.py: the test suite with AWA_FAST_IMPL={impl} (its lines start with [{impl}])", flush=True)
-        print("+ " + " ".join(str(c) for c in cmd), flush=True)
-        proc = subprocess.Popen([str(c) for c in cmd], cwd=ROOT, text=True, bufsize=1, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT,
-                                env=dict(env, AWA_FAST_IMPL=impl, PYTHONUNBUFFERED="1"))
-        tail: list[str] = []
-        reader = threading.Thread(target=_stream, args=(f"[{impl}] ", proc, tail), daemon=True)
-        reader.start()
-        passes.append((impl, proc, reader, tail, time.monotonic()))
-    failed = 0
+    cmd = [str(PY), "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    passes: list[_Pass] = []
     try:
-        for impl, proc, reader, tail, started in passes:
-            code = proc.wait()
-            reader.join()
-            summary = tail[-1].strip() if tail else "(no output)"
-            print(f"dev.py: AWA_FAST_IMPL={impl}: exit {code} after {time.monotonic() - started:.0f} s: {summary}",
-                  flush=True)
-            failed = failed or code
+        for impl in IMPLEMENTATIONS:
+            print(f"dev.py: the test suite with AWA_FAST_IMPL={impl}, its lines behind [{impl}]", flush=True)
+            print("+ " + " ".join(cmd), flush=True)
+            passes.append(_Pass(impl, cmd, dict(env, AWA_FAST_IMPL=impl, PYTHONUNBUFFERED="1")))
+        codes = [p.wait() for p in passes]
     except KeyboardInterrupt:
-        for _, proc, _, _, _ in passes:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-        for _, proc, _, _, _ in passes:
-            proc.wait()
+        for p in passes:
+            if p.proc.poll() is None:
+                p.proc.send_signal(signal.SIGINT)
+        for p in passes:
+            p.proc.wait()
         raise
-    return failed
+    for p, code in zip(passes, codes, strict=True):
+        print(f"dev.py: AWA_FAST_IMPL={p.impl}: exit {code} after {p.seconds:.0f} s: {p.last}", flush=True)
+    return next((code for code in codes if code), 0)
 
 
 def cmd_lint(extra: list[str]) -> int:
