@@ -27,6 +27,7 @@ from awa_fast.errors import ConfigError, InvalidName, OutOfRange, PayloadError
 from awa_fast.limits import check_concurrency_key
 from awa_fast.progress import ProgressBar
 from awa_fast.storage import RawJson, Storage, connect
+from awa_fast.storage.copy_rows import COPY_BLOCK
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:\-]{0,99}")
 PRIORITY_MIN, PRIORITY_MAX, PRIORITY_DEFAULT = 1, 4, 2
@@ -270,22 +271,24 @@ class Client:
 
     def _prepare_many(self, kind: str, args_list: Iterable[Any], queue: str | None, priority: int | None,
                       max_attempts: int | None, metadata: Any, progress: Any, chunk: int,
-                      encoded: bool) -> tuple[str, int, list[Any], RawJson | None, int, Any]:
-        """The checked options and the items: encoded payloads, or (``encoded=False``) the items as given,
-        for :meth:`Storage.job_enqueue_copy` to encode block by block while it streams them."""
+                      stream: bool) -> tuple[str, int, list[Any], RawJson | None, int, Any, bool]:
+        """The checked options, the items and whether they stream: encoded payloads, or (``stream`` and
+        more than one COPY block of them) the items as given, for :meth:`Storage.job_enqueue_copy` to
+        encode block by block while it streams them. Up to one block is checked and encoded here,
+        before anything is written, so a small call needs no savepoint."""
         validate_chunk(chunk)
         validate_name("kind", kind)
         q = validate_name("queue", queue if queue is not None else self.default_queue)
         prio = validate_priority(PRIORITY_DEFAULT if priority is None else priority)
         attempts = validate_max_attempts(25 if max_attempts is None else max_attempts)
         m = encode_payload(metadata, "metadata", self.max_payload_bytes) if metadata is not None else None
-        if encoded:
-            items: list[Any] = encode_payloads(args_list, "args", self.max_payload_bytes)
-        else:
-            items = args_list if type(args_list) is list else list(args_list)
+        items: list[Any] = args_list if type(args_list) is list else list(args_list)
+        streamed = stream and len(items) > COPY_BLOCK
+        if not streamed:
+            items = encode_payloads(items, "args", self.max_payload_bytes)
         if progress is True:
             progress = ProgressBar(len(items), f"enqueue {kind}")
-        return q, prio, items, m, attempts, progress
+        return q, prio, items, m, attempts, progress, streamed
 
     def _encoder(self) -> Callable[[Sequence[Any]], list[bytes]]:
         """What the streamed COPY calls on each block of items: :func:`encode_payloads` at this client's limit."""
@@ -309,10 +312,11 @@ class Client:
         :class:`awa_fast.unique.UniqueManyResult` (an int: rows inserted,
         with ``inserted``, ``skipped`` and ``job_ids``).
 
-        Every payload is checked and encoded before anything commits: the
-        rows stream to PostgreSQL while the next ones are checked, and a bad
-        payload raises its :class:`PayloadError` and undoes everything this
-        call wrote (a savepoint inside the caller's transaction, which stays
+        Every payload is checked and encoded before anything commits. A call
+        of up to ``COPY_BLOCK`` (1,024) rows is checked before anything is
+        written; a larger one streams its rows to PostgreSQL while the next
+        ones are checked, and a bad payload raises its :class:`PayloadError`
+        and undoes everything this call wrote (a savepoint inside the caller's transaction, which stays
         usable; the lane numbers it reserved stay unused, as after any
         rolled-back enqueue). With ``conn`` the rows join that transaction;
         otherwise they commit in one transaction on the client's connection. ``progress=True``
@@ -322,9 +326,9 @@ class Client:
         """
         if concurrency_key is not None and not isinstance(concurrency_key, (str, Sequence)):
             check_concurrency_key(concurrency_key)
-        streamed = concurrency_key is None and not unique
-        q, prio, payloads, m, attempts, progress = self._prepare_many(
-            kind, args_list, queue, priority, max_attempts, metadata, progress, chunk, encoded=not streamed)
+        q, prio, payloads, m, attempts, progress, streamed = self._prepare_many(
+            kind, args_list, queue, priority, max_attempts, metadata, progress, chunk,
+            stream=concurrency_key is None and not unique)
         keys = keys_for_rows(concurrency_key, len(payloads))
         _no_unique_with_key(unique, keys is not None)
         if keys is not None:
@@ -346,7 +350,7 @@ class Client:
         done = 0
         ids: list[int] | None = [] if return_ids else None
         encode = self._encoder() if streamed else None
-        with self._conn_scope(conn) as target, self.storage.enqueue_scope(target):
+        with self._conn_scope(conn) as target, self.storage.enqueue_scope(target, savepoint=streamed):
             for start in range(0, len(payloads), chunk):
                 part = payloads[start:start + chunk]
                 rng = self.storage.job_enqueue_copy(target, q, prio, kind, part, m, attempts, encode)
@@ -366,9 +370,9 @@ class Client:
         """Async twin of :meth:`enqueue_many` on an async connection (joins its transaction)."""
         if concurrency_key is not None and not isinstance(concurrency_key, (str, Sequence)):
             check_concurrency_key(concurrency_key)
-        streamed = concurrency_key is None and not unique
-        q, prio, payloads, m, attempts, progress = self._prepare_many(
-            kind, args_list, queue, priority, max_attempts, metadata, progress, chunk, encoded=not streamed)
+        q, prio, payloads, m, attempts, progress, streamed = self._prepare_many(
+            kind, args_list, queue, priority, max_attempts, metadata, progress, chunk,
+            stream=concurrency_key is None and not unique)
         keys = keys_for_rows(concurrency_key, len(payloads))
         _no_unique_with_key(unique, keys is not None)
         if keys is not None:
@@ -387,7 +391,7 @@ class Client:
         done = 0
         ids: list[int] | None = [] if return_ids else None
         encode = self._encoder() if streamed else None
-        async with self.storage.enqueue_scope_async(conn):
+        async with self.storage.enqueue_scope_async(conn, savepoint=streamed):
             for start in range(0, len(payloads), chunk):
                 part = payloads[start:start + chunk]
                 rng = await self.storage.job_enqueue_copy_async(conn, q, prio, kind, part, m, attempts, encode)

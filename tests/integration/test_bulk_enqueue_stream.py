@@ -136,3 +136,19 @@ def test_streamed_rows_are_the_rows_given_in_order(pg_dsn, schema, storage, conn
     assert [s.args for s in snaps] == [json.dumps(r).encode() for r in rows]  # jsonb's own text of each
     assert {(s.metadata, s.max_attempts, s.attempt, s.kind) for s in snaps} == {(b'{"m": 1}', 3, 1, "k")}
 
+
+
+def test_a_call_of_one_block_is_checked_before_anything_is_written(pg_dsn, schema, storage, conn):
+    # Up to one COPY block is checked and encoded up front: a bad payload reserves no lane number and
+    # the caller's transaction needs no savepoint (it is not failed, and no subtransaction is left behind).
+    storage.queue_configure(conn, "small", enqueue_shards=1)
+    enqueue(schema, conn, "small", {"first": 1})
+    before = _enqueue_seq(conn, schema, "small")
+    cli = Client(None, schema)
+    with connect(pg_dsn, schema, autocommit=False, tag="small") as p:
+        with pytest.raises(PayloadError):
+            cli.enqueue_many("k", _rows(COPY_BLOCK, bad_at=COPY_BLOCK - 1), queue="small", conn=p)
+        assert p.info.transaction_status == psycopg.pq.TransactionStatus.IDLE  # nothing was sent at all
+        p.rollback()
+    assert _enqueue_seq(conn, schema, "small") == before
+    cli.close()
