@@ -93,7 +93,7 @@ class Job(Generic[T]):
     database directly.
     """
 
-    __slots__ = ("snapshot", "_args_type", "_args", "_progress", "_cancelled", "_stale", "_runtime",
+    __slots__ = ("snapshot", "key", "_args_type", "_args", "_progress", "_cancelled", "_stale", "_runtime",
                  "callback_token", "lease_backed", "started_at", "finished_at", "_task")
     # Slots that __init__ leaves unset (see the comment there); declared for the type checker only,
     # a bare annotation creates no class attribute, so the slots stay as they are.
@@ -103,6 +103,8 @@ class Job(Generic[T]):
 
     def __init__(self, snapshot: ClaimSnapshot, args_type: type | None = None, runtime: Any = None) -> None:
         self.snapshot = snapshot
+        # (job_id, run_lease): the attempt's key in every runtime structure, built once per claim
+        self.key = (snapshot.job_id, snapshot.run_lease)
         self._args_type = args_type
         self._args: Any = _UNSET
         self._progress: Any = None
