@@ -253,6 +253,9 @@ class Claimer:
                                        application_name=f"awa_fast:claimer:{self.config.queue}#{self.config.stripe}",
                                        connect_timeout=int(self.config.io_timeout + 0.999))
             use_raw_jsonb(self._claim_conn)
+            # Snapshots' created_at in UTC: psycopg's loader skips the zone conversion it does
+            # for a named zone ('Etc/UTC', 'Europe/Paris', ...), ~0.45 us of every claimed job.
+            self.storage.session_utc(self._claim_conn)
             self._measure_clock_offset()
             # Claims commit durably (synchronous_commit stays on). A claim lost
             # in a crash would be issued again under the same run_lease, and the
