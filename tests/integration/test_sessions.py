@@ -56,7 +56,7 @@ def test_session_utc_loads_claimed_created_at_in_utc_at_the_same_instant(pg_dsn,
     assert before.utcoffset() != datetime.timedelta(0)
     storage.session_utc(conn)
     (snap,) = storage.lane_claim(conn, "tzq", 10)
-    assert snap.created_at.tzinfo is datetime.timezone.utc
+    assert snap.created_at.tzinfo is datetime.UTC
     assert snap.created_at == before
 
 
