@@ -102,6 +102,8 @@ class Job(Generic[T]):
     finished_at: float
 
     def __init__(self, snapshot: ClaimSnapshot, args_type: type | None = None, runtime: Any = None) -> None:
+        # Only stores into slots: the codec's new_jobs (the claimer's dispatch) fills the same slots
+        # in C once an import-time probe found a Job built both ways equal slot by slot.
         self.snapshot = snapshot
         # (job_id, run_lease): the attempt's key in every runtime structure, built once per claim
         self.key = (snapshot.job_id, snapshot.run_lease)

@@ -32,6 +32,7 @@ from typing import Any
 
 import psycopg
 
+from awa_fast._impl import new_jobs
 from awa_fast.errors import DatabaseUnavailable
 from awa_fast.jobs import MAX_PROGRESS_BYTES, AttemptClosed, ClaimSnapshot, Job, JobSpec
 from awa_fast.limits import LimitWatch
@@ -367,7 +368,7 @@ class Claimer:
         now = time.monotonic()
         self.batcher.register_receipts(snaps)
         types = {kind: spec.args_type for kind, spec in self.registry.items()}  # a few kinds, per claim
-        jobs: list[Job[Any]] = [Job(s, types.get(s.kind), self) for s in snaps]
+        jobs = new_jobs(snaps, types, self)  # Job(s, types.get(s.kind), self) each, built in C
         self.attempts.claimed(jobs, now)
         n = len(jobs)
         self.count("claimed", n)
