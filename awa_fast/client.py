@@ -1,7 +1,11 @@
 """Enqueue: validated, encoded, written on the caller's connection.
 
 Every check here runs before anything is written, so bad input raises a
-typed error and leaves the caller's transaction usable.
+typed error and leaves the caller's transaction usable. The one exception
+in timing is a bulk enqueue's payloads: they are checked block by block
+while the earlier rows stream to PostgreSQL, so a bad one rolls back what
+that call wrote (its own savepoint or transaction) before its error is
+raised; still nothing commits and the caller's own work stays.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ import contextlib
 import datetime as _dt
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import msgspec
@@ -23,6 +27,7 @@ from awa_fast.errors import ConfigError, InvalidName, OutOfRange, PayloadError
 from awa_fast.limits import check_concurrency_key
 from awa_fast.progress import ProgressBar
 from awa_fast.storage import RawJson, Storage, connect
+from awa_fast.storage.copy_rows import COPY_BLOCK
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:\-]{0,99}")
 PRIORITY_MIN, PRIORITY_MAX, PRIORITY_DEFAULT = 1, 4, 2
@@ -265,18 +270,30 @@ class Client:
         return await self.storage.job_enqueue_async(conn, q, prio, kind, a, m, attempts, when, wait)
 
     def _prepare_many(self, kind: str, args_list: Iterable[Any], queue: str | None, priority: int | None,
-                      max_attempts: int | None, metadata: Any,
-                      progress: Any, chunk: int) -> tuple[str, int, list[bytes], RawJson | None, int, Any]:
+                      max_attempts: int | None, metadata: Any, progress: Any, chunk: int,
+                      stream: bool) -> tuple[str, int, list[Any], RawJson | None, int, Any, bool]:
+        """The checked options, the items and whether they stream: encoded payloads, or (``stream`` and
+        more than one COPY block of them) the items as given, for :meth:`Storage.job_enqueue_copy` to
+        encode block by block while it streams them. Up to one block is checked and encoded here,
+        before anything is written, so a small call needs no savepoint."""
         validate_chunk(chunk)
         validate_name("kind", kind)
         q = validate_name("queue", queue if queue is not None else self.default_queue)
         prio = validate_priority(PRIORITY_DEFAULT if priority is None else priority)
         attempts = validate_max_attempts(25 if max_attempts is None else max_attempts)
-        payloads = encode_payloads(args_list, "args", self.max_payload_bytes)
         m = encode_payload(metadata, "metadata", self.max_payload_bytes) if metadata is not None else None
+        items: list[Any] = args_list if type(args_list) is list else list(args_list)
+        streamed = stream and len(items) > COPY_BLOCK
+        if not streamed:
+            items = encode_payloads(items, "args", self.max_payload_bytes)
         if progress is True:
-            progress = ProgressBar(len(payloads), f"enqueue {kind}")
-        return q, prio, payloads, m, attempts, progress
+            progress = ProgressBar(len(items), f"enqueue {kind}")
+        return q, prio, items, m, attempts, progress, streamed
+
+    def _encoder(self) -> Callable[[Sequence[Any]], list[bytes]]:
+        """What the streamed COPY calls on each block of items: :func:`encode_payloads` at this client's limit."""
+        limit = self.max_payload_bytes
+        return lambda block: encode_payloads(block, "args", limit)
 
     def enqueue_many(self, kind: str, args_list: Iterable[Any], *, queue: str | None = None,
                      priority: int | None = None, max_attempts: int | None = None, metadata: Any = None,
@@ -295,17 +312,23 @@ class Client:
         :class:`awa_fast.unique.UniqueManyResult` (an int: rows inserted,
         with ``inserted``, ``skipped`` and ``job_ids``).
 
-        Every payload is checked and encoded before the first row is sent.
-        With ``conn`` the rows join that transaction; otherwise they commit
-        in one transaction on the client's connection. ``progress=True``
+        Every payload is checked and encoded before anything commits. A call
+        of up to ``COPY_BLOCK`` (1,024) rows is checked before anything is
+        written; a larger one streams its rows to PostgreSQL while the next
+        ones are checked, and a bad payload raises its :class:`PayloadError`
+        and undoes everything this call wrote (a savepoint inside the caller's transaction, which stays
+        usable; the lane numbers it reserved stay unused, as after any
+        rolled-back enqueue). With ``conn`` the rows join that transaction;
+        otherwise they commit in one transaction on the client's connection. ``progress=True``
         draws a progress bar on stderr (when it is a terminal); a callable
         is called with the number of rows written so far. Returns how many,
         or the new job ids in order with ``return_ids=True``.
         """
         if concurrency_key is not None and not isinstance(concurrency_key, (str, Sequence)):
             check_concurrency_key(concurrency_key)
-        q, prio, payloads, m, attempts, progress = self._prepare_many(
-            kind, args_list, queue, priority, max_attempts, metadata, progress, chunk)
+        q, prio, payloads, m, attempts, progress, streamed = self._prepare_many(
+            kind, args_list, queue, priority, max_attempts, metadata, progress, chunk,
+            stream=concurrency_key is None and not unique)
         keys = keys_for_rows(concurrency_key, len(payloads))
         _no_unique_with_key(unique, keys is not None)
         if keys is not None:
@@ -326,19 +349,16 @@ class Client:
                                             chunk, progress)
         done = 0
         ids: list[int] | None = [] if return_ids else None
-        with self._conn_scope(conn) as target:
-            # On a non-autocommit connection the rows simply join its transaction
-            # (psycopg's transaction() would commit on its own there).
-            scope = target.transaction() if target.autocommit else contextlib.nullcontext()
-            with scope:
-                for start in range(0, len(payloads), chunk):
-                    part = payloads[start:start + chunk]
-                    rng = self.storage.job_enqueue_copy(target, q, prio, kind, part, m, attempts)
-                    if ids is not None:
-                        ids.extend(_range_ids(rng, len(part)))
-                    done += len(part)
-                    if progress is not None:
-                        progress(done)
+        encode = self._encoder() if streamed else None
+        with self._conn_scope(conn) as target, self.storage.enqueue_scope(target, savepoint=streamed):
+            for start in range(0, len(payloads), chunk):
+                part = payloads[start:start + chunk]
+                rng = self.storage.job_enqueue_copy(target, q, prio, kind, part, m, attempts, encode)
+                if ids is not None:
+                    ids.extend(_range_ids(rng, len(part)))
+                done += len(part)
+                if progress is not None:
+                    progress(done)
         return done if ids is None else ids
 
     async def enqueue_many_async(self, kind: str, args_list: Iterable[Any], *, conn: psycopg.AsyncConnection,
@@ -350,8 +370,9 @@ class Client:
         """Async twin of :meth:`enqueue_many` on an async connection (joins its transaction)."""
         if concurrency_key is not None and not isinstance(concurrency_key, (str, Sequence)):
             check_concurrency_key(concurrency_key)
-        q, prio, payloads, m, attempts, progress = self._prepare_many(
-            kind, args_list, queue, priority, max_attempts, metadata, progress, chunk)
+        q, prio, payloads, m, attempts, progress, streamed = self._prepare_many(
+            kind, args_list, queue, priority, max_attempts, metadata, progress, chunk,
+            stream=concurrency_key is None and not unique)
         keys = keys_for_rows(concurrency_key, len(payloads))
         _no_unique_with_key(unique, keys is not None)
         if keys is not None:
@@ -369,11 +390,11 @@ class Client:
                                                     attempts, chunk, progress)
         done = 0
         ids: list[int] | None = [] if return_ids else None
-        scope = conn.transaction() if conn.autocommit else contextlib.nullcontext()
-        async with scope:
+        encode = self._encoder() if streamed else None
+        async with self.storage.enqueue_scope_async(conn, savepoint=streamed):
             for start in range(0, len(payloads), chunk):
                 part = payloads[start:start + chunk]
-                rng = await self.storage.job_enqueue_copy_async(conn, q, prio, kind, part, m, attempts)
+                rng = await self.storage.job_enqueue_copy_async(conn, q, prio, kind, part, m, attempts, encode)
                 if ids is not None:
                     ids.extend(_range_ids(rng, len(part)))
                 done += len(part)

@@ -20,6 +20,18 @@ SELECT __SCHEMA__.job_enqueue_many(%s::text, %s::int, %s::text, %s::jsonb[], %s:
 -- Lock a lane and reserve a sequence range for a COPY of ready rows.
 SELECT lane_id, first_seq, ready_slot FROM __SCHEMA__.lane_reserve(%s::text, %s::int, %s::int, pg_backend_pid())
 
+-- name: enqueue_savepoint
+-- A bulk enqueue inside the caller's transaction: everything it writes after this can be undone alone.
+SAVEPOINT awa_fast_enqueue
+
+-- name: enqueue_savepoint_rollback
+-- A bulk enqueue failed (a payload it was still checking, a COPY error): undo what it wrote, keep the caller's work.
+ROLLBACK TO SAVEPOINT awa_fast_enqueue
+
+-- name: enqueue_savepoint_release
+-- End the bulk enqueue's savepoint (its rows stay in the caller's transaction).
+RELEASE SAVEPOINT awa_fast_enqueue
+
 -- name: lane_claim
 -- Claim up to N jobs of a queue for a stripe; returns claim snapshots in ClaimSnapshot field order
 -- (progress last: carried from an earlier attempt, see claim_batch_v3),

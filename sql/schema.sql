@@ -4,7 +4,7 @@
 -- tests/integration/test_schema_snapshot.py fails when it is out of date.
 -- Rings installed with 4 slots each; owners omitted; names in C order.
 
--- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits, 0013_rotation_ledger_truncate, 0014_job_enqueue_v2, 0015_done_receipts, 0016_claim_lane_runs
+-- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits, 0013_rotation_ledger_truncate, 0014_job_enqueue_v2, 0015_done_receipts, 0016_claim_lane_runs, 0017_key_dlq_retry
 
 
 ---------------------------------------------------------------------------
@@ -70,6 +70,7 @@ CREATE TABLE __SCHEMA__.dlq_entries (
     CONSTRAINT dlq_entries_pkey PRIMARY KEY (job_id)
 );
 CREATE INDEX dlq_entries_queue ON __SCHEMA__.dlq_entries USING btree (queue, failed_at);
+CREATE TRIGGER dlq_entries_forget_keys AFTER DELETE ON __SCHEMA__.dlq_entries REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION __SCHEMA__.key_dlq_forget();
 
 CREATE TABLE __SCHEMA__.done_entries (
     ready_slot smallint NOT NULL,
@@ -133,6 +134,13 @@ CREATE TABLE __SCHEMA__.key_admits (
     CONSTRAINT key_admits_pkey PRIMARY KEY (queue, ckey, job_id)
 );
 
+CREATE TABLE __SCHEMA__.key_dlq (
+    job_id bigint NOT NULL,
+    queue text NOT NULL,
+    ckey text NOT NULL,
+    CONSTRAINT key_dlq_pkey PRIMARY KEY (job_id)
+);
+
 CREATE TABLE __SCHEMA__.key_waiting (
     queue text NOT NULL,
     ckey text NOT NULL,
@@ -145,6 +153,8 @@ CREATE TABLE __SCHEMA__.key_waiting (
     max_attempts smallint NOT NULL,
     run_at timestamp with time zone NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
+    lease_base integer DEFAULT 0 NOT NULL,
+    errors jsonb,
     CONSTRAINT key_waiting_pkey PRIMARY KEY (queue, ckey, seq)
 );
 CREATE UNIQUE INDEX key_waiting_job ON __SCHEMA__.key_waiting USING btree (job_id);
@@ -1255,10 +1265,45 @@ CREATE OR REPLACE FUNCTION __SCHEMA__.dlq_retry(p_job_ids bigint[])
 AS $function$
 DECLARE
     d record;
+    v_queue text;
+    v_ids bigint[];
+    v_keys text[];
+    v_key text;
+    v_quiet boolean;
 BEGIN
+    -- The keyed queues among the entries, each under its limit lock (the keyed claim's; in queue
+    -- order, so two retries never wait on each other in a cycle). After the lock, a retire that
+    -- ran before has kept its key in key_dlq, and one that runs after sees no dlq_entries row.
+    -- Index: dlq_entries primary key, queue_limits primary key.
+    FOR v_queue IN SELECT DISTINCT x.queue FROM __SCHEMA__.dlq_entries x
+                   JOIN __SCHEMA__.queue_limits l ON l.queue = x.queue AND l.key_max_running IS NOT NULL
+                   WHERE x.job_id = ANY (p_job_ids) ORDER BY x.queue LOOP
+        PERFORM pg_advisory_xact_lock(__SCHEMA__.lock_key('limit'), hashtext(v_queue));
+    END LOOP;
+    -- Read the kept keys before the DELETE: its statement trigger forgets them.
+    -- Index: key_dlq primary key.
+    SELECT array_agg(k.job_id), array_agg(k.ckey) INTO v_ids, v_keys
+    FROM __SCHEMA__.key_dlq k WHERE k.job_id = ANY (p_job_ids);
     FOR d IN DELETE FROM __SCHEMA__.dlq_entries x WHERE x.job_id = ANY (p_job_ids) RETURNING * LOOP
-        PERFORM __SCHEMA__.ready_append(d.queue, d.priority, d.job_id, d.kind, d.args, d.metadata, 0,
-            d.max_attempts, d.lease_base, d.created_at, d.errors, NULL);
+        v_key := NULL;
+        IF v_ids IS NOT NULL THEN
+            v_key := v_keys[array_position(v_ids, d.job_id)];
+        END IF;
+        IF v_key IS NOT NULL AND EXISTS (SELECT 1 FROM __SCHEMA__.queue_limits l
+                                         WHERE l.queue = d.queue AND l.key_max_running IS NOT NULL) THEN
+            -- Index: key_waiting primary key (queue, ckey, seq)
+            v_quiet := NOT EXISTS (SELECT 1 FROM __SCHEMA__.key_waiting w WHERE w.queue = d.queue AND w.ckey = v_key);
+            INSERT INTO __SCHEMA__.key_waiting (queue, ckey, job_id, priority, kind, args, metadata, max_attempts,
+                run_at, created_at, lease_base, errors)
+            VALUES (d.queue, v_key, d.job_id, d.priority, d.kind, d.args, d.metadata, d.max_attempts, now(),
+                d.created_at, d.lease_base, d.errors);
+            IF v_quiet THEN
+                PERFORM pg_notify(__SCHEMA__.notify_channel(), d.queue);
+            END IF;
+        ELSE
+            PERFORM __SCHEMA__.ready_append(d.queue, d.priority, d.job_id, d.kind, d.args, d.metadata, 0,
+                d.max_attempts, d.lease_base, d.created_at, d.errors, NULL);
+        END IF;
         RETURN NEXT d.job_id;
     END LOOP;
 END $function$;
@@ -1372,10 +1417,11 @@ BEGIN
     -- Index: key_waiting_job
     DELETE FROM __SCHEMA__.key_waiting x WHERE x.job_id = p_job_id RETURNING * INTO w;
     IF FOUND THEN
+        -- run_lease: the job's last lease (0 unless it came back from the DLQ), as job_load shows it
         INSERT INTO __SCHEMA__.done_entries (ready_slot, job_id, run_lease, attempt, state, queue, kind, error,
             args, metadata)
-        VALUES (__SCHEMA__.ring_current('ready'), w.job_id, 0, 0, 3, w.queue, w.kind, 'cancelled', w.args,
-            w.metadata);
+        VALUES (__SCHEMA__.ring_current('ready'), w.job_id, w.lease_base, 0, 3, w.queue, w.kind, 'cancelled',
+            w.args, w.metadata);
         RETURN 'cancelled';
     END IF;
     RETURN __SCHEMA__.job_cancel(p_job_id);
@@ -1816,8 +1862,8 @@ BEGIN
     -- Index: key_waiting_job
     SELECT jsonb_build_object('state', CASE WHEN w.run_at > now() THEN 'scheduled' ELSE 'available' END,
         'job_id', w.job_id, 'queue', w.queue, 'kind', w.kind, 'priority', w.priority, 'args', w.args,
-        'metadata', w.metadata, 'attempt', 0, 'max_attempts', w.max_attempts, 'run_lease', 0, 'errors', NULL,
-        'run_at', w.run_at, 'created_at', w.created_at, 'progress', NULL, 'result', NULL,
+        'metadata', w.metadata, 'attempt', 0, 'max_attempts', w.max_attempts, 'run_lease', w.lease_base,
+        'errors', w.errors, 'run_at', w.run_at, 'created_at', w.created_at, 'progress', NULL, 'result', NULL,
         'concurrency_key', w.ckey)
     INTO v FROM __SCHEMA__.key_waiting w WHERE w.job_id = p_job_id;
     IF v IS NOT NULL THEN RETURN v; END IF;
@@ -2133,7 +2179,7 @@ CREATE OR REPLACE FUNCTION __SCHEMA__.key_admit_v2(p_queue text, p_kmax integer)
 AS $function$
 DECLARE
     v_jobs bigint[]; v_prios smallint[]; v_seqs bigint[]; v_kinds text[]; v_args jsonb[]; v_metas jsonb[];
-    v_maxs smallint[]; v_created timestamptz[]; v_ckeys text[];
+    v_maxs smallint[]; v_created timestamptz[]; v_ckeys text[]; v_bases int[]; v_errors jsonb[];
     v_pick_keys text[]; v_pick_seqs bigint[];
     v_prio smallint;
     v_cnt int;
@@ -2148,21 +2194,29 @@ BEGIN
     -- An admission older than 5 minutes whose job is nowhere live any more (its terminal row
     -- pruned with its ready slot while no claim ran) is retired too: a key never stays full
     -- of jobs that ended (ready_entries_job, deferred_jobs primary key, leases_job).
+    -- A dead-lettered job's key is kept in key_dlq (0017), for its DLQ retry.
     v_phase := floor(random() * 8)::int;
-    DELETE FROM __SCHEMA__.key_admits a
-    WHERE a.queue = p_queue
-      AND (EXISTS (SELECT 1 FROM __SCHEMA__.done_entries x WHERE x.ready_slot = a.ready_slot AND x.job_id = a.job_id)
-           -- completed by a compact done row (0015), probed like the done row: the admitted slot
-           -- every call (index ready_entries_job in one partition, then done_receipts_lane)
-           OR __SCHEMA__.job_done_compact(a.job_id, a.ready_slot)
-           OR EXISTS (SELECT 1 FROM __SCHEMA__.dlq_entries x WHERE x.job_id = a.job_id)
-           OR (a.job_id % 8 = v_phase
-               AND (EXISTS (SELECT 1 FROM __SCHEMA__.done_entries x WHERE x.job_id = a.job_id)
-                    OR __SCHEMA__.job_done_compact(a.job_id)))
-           OR (a.admitted_at < now() - interval '5 minutes'
-               AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.ready_entries x WHERE x.job_id = a.job_id)
-               AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.deferred_jobs x WHERE x.job_id = a.job_id)
-               AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.leases x WHERE x.job_id = a.job_id)));
+    WITH retired AS (
+        DELETE FROM __SCHEMA__.key_admits a
+        WHERE a.queue = p_queue
+          AND (EXISTS (SELECT 1 FROM __SCHEMA__.done_entries x WHERE x.ready_slot = a.ready_slot AND x.job_id = a.job_id)
+               -- completed by a compact done row (0015), probed like the done row: the admitted slot
+               -- every call (index ready_entries_job in one partition, then done_receipts_lane)
+               OR __SCHEMA__.job_done_compact(a.job_id, a.ready_slot)
+               OR EXISTS (SELECT 1 FROM __SCHEMA__.dlq_entries x WHERE x.job_id = a.job_id)
+               OR (a.job_id % 8 = v_phase
+                   AND (EXISTS (SELECT 1 FROM __SCHEMA__.done_entries x WHERE x.job_id = a.job_id)
+                        OR __SCHEMA__.job_done_compact(a.job_id)))
+               OR (a.admitted_at < now() - interval '5 minutes'
+                   AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.ready_entries x WHERE x.job_id = a.job_id)
+                   AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.deferred_jobs x WHERE x.job_id = a.job_id)
+                   AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.leases x WHERE x.job_id = a.job_id)))
+        RETURNING a.queue, a.ckey, a.job_id
+    )
+    INSERT INTO __SCHEMA__.key_dlq (job_id, queue, ckey)
+    SELECT r.job_id, r.queue, r.ckey FROM retired r
+    WHERE EXISTS (SELECT 1 FROM __SCHEMA__.dlq_entries x WHERE x.job_id = r.job_id)
+    ON CONFLICT (job_id) DO NOTHING;
     WITH RECURSIVE keys AS (
         (SELECT w.ckey FROM __SCHEMA__.key_waiting w WHERE w.queue = p_queue ORDER BY w.ckey LIMIT 1)
         UNION ALL
@@ -2194,8 +2248,9 @@ BEGIN
            array_agg(g.seq ORDER BY g.priority, g.seq), array_agg(g.kind ORDER BY g.priority, g.seq),
            array_agg(g.args ORDER BY g.priority, g.seq), array_agg(g.metadata ORDER BY g.priority, g.seq),
            array_agg(g.max_attempts ORDER BY g.priority, g.seq), array_agg(g.created_at ORDER BY g.priority, g.seq),
-           array_agg(g.ckey ORDER BY g.priority, g.seq)
-    INTO v_jobs, v_prios, v_seqs, v_kinds, v_args, v_metas, v_maxs, v_created, v_ckeys
+           array_agg(g.ckey ORDER BY g.priority, g.seq), array_agg(g.lease_base ORDER BY g.priority, g.seq),
+           array_agg(g.errors ORDER BY g.priority, g.seq)
+    INTO v_jobs, v_prios, v_seqs, v_kinds, v_args, v_metas, v_maxs, v_created, v_ckeys, v_bases, v_errors
     FROM gone g;
     IF v_jobs IS NULL THEN
         RETURN 0;
@@ -2203,10 +2258,11 @@ BEGIN
     FOR v_prio, v_cnt IN SELECT u.p, count(*) FROM unnest(v_prios) AS u(p) GROUP BY u.p ORDER BY u.p LOOP
         SELECT * INTO v_rng FROM __SCHEMA__.lane_reserve(p_queue, v_prio, v_cnt, pg_backend_pid());
         INSERT INTO __SCHEMA__.ready_entries (ready_slot, lane_id, lane_seq, job_id, kind, args, metadata,
-            attempt, max_attempts, lease_base, created_at)
+            attempt, max_attempts, lease_base, created_at, errors)
         SELECT v_rng.ready_slot, v_rng.lane_id, v_rng.first_seq + (row_number() OVER (ORDER BY u.s)) - 1,
-            u.j, u.k, u.a, u.m, 0, u.x, 0, u.c
-        FROM unnest(v_jobs, v_prios, v_seqs, v_kinds, v_args, v_metas, v_maxs, v_created) AS u(j, p, s, k, a, m, x, c)
+            u.j, u.k, u.a, u.m, 0, u.x, u.b, u.c, u.e
+        FROM unnest(v_jobs, v_prios, v_seqs, v_kinds, v_args, v_metas, v_maxs, v_created, v_bases, v_errors)
+            AS u(j, p, s, k, a, m, x, c, b, e)
         WHERE u.p = v_prio;
         IF p_kmax IS NOT NULL THEN
             INSERT INTO __SCHEMA__.key_admits (queue, ckey, job_id, ready_slot)
@@ -2215,6 +2271,16 @@ BEGIN
         END IF;
     END LOOP;
     RETURN cardinality(v_jobs);
+END $function$;
+
+CREATE OR REPLACE FUNCTION __SCHEMA__.key_dlq_forget()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    -- Index: key_dlq primary key
+    DELETE FROM __SCHEMA__.key_dlq k USING gone g WHERE k.job_id = g.job_id;
+    RETURN NULL;
 END $function$;
 
 CREATE OR REPLACE FUNCTION __SCHEMA__.lane_claim_keyed(p_queue text, p_max integer, p_stripe integer DEFAULT 0, p_stripes integer DEFAULT 1)
@@ -2822,11 +2888,13 @@ BEGIN
             DELETE FROM __SCHEMA__.key_waiting w WHERE w.queue = p_queue RETURNING w.*
         )
         INSERT INTO __SCHEMA__.deferred_jobs (job_id, queue, priority, kind, args, metadata, attempt,
-            max_attempts, lease_base, state, run_at, created_at)
-        SELECT g.job_id, g.queue, g.priority, g.kind, g.args, g.metadata, 0, g.max_attempts, 0, 1, g.run_at,
-            g.created_at
+            max_attempts, lease_base, state, run_at, created_at, errors)
+        SELECT g.job_id, g.queue, g.priority, g.kind, g.args, g.metadata, 0, g.max_attempts, g.lease_base, 1,
+            g.run_at, g.created_at, g.errors
         FROM gone g;
         DELETE FROM __SCHEMA__.key_admits a WHERE a.queue = p_queue;
+        -- the queue has no key limit any more: a DLQ retry of its jobs goes to the lane
+        DELETE FROM __SCHEMA__.key_dlq k WHERE k.queue = p_queue;
     END IF;
     RETURN n;
 END $function$;

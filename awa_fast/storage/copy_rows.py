@@ -1,16 +1,47 @@
-"""Binary COPY streams the storage layer builds in plain Python (result-carrying completions)."""
+"""Binary COPY streams the storage layer builds in plain Python: result-carrying completions, and
+the ready rows of a bulk enqueue sent a block at a time."""
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
+from awa_fast import _impl
 from awa_fast.jobs import ClaimSnapshot
+from awa_fast.storage.types import LaneRange
 
 _COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + b"\x00\x00\x00\x00" + b"\x00\x00\x00\x00"
 _COPY_TRAILER = b"\xff\xff"
 # 10 fields: ready_slot int2, job_id int8, lane_id int4, lane_seq int8, run_lease int4, attempt int2, state int2
 _DONE_RESULT_HEAD = struct.Struct(">hihiqiiiqiiihih")
+
+# Rows encoded per block of a streamed bulk enqueue: about 80 KiB of COPY data for
+# small payloads, a few ms of PostgreSQL work, so the next block is ready long
+# before the socket's and libpq's buffers run dry.
+COPY_BLOCK = 1024
+
+
+def copy_blocks(rng: LaneRange, kind: str, items: Sequence[Any], metadata: bytes | None, max_attempts: int,
+                encode: Callable[[Sequence[Any]], Sequence[bytes]]) -> Iterator[bytes | memoryview]:
+    """The binary COPY stream of ``ready_entries`` rows for ``items`` in ``rng``, a block at a time.
+
+    Yields the header, then the rows of each block of :data:`COPY_BLOCK`
+    items (``encode(block)`` gives their payloads, ``encode_ready_rows``
+    the rows; a view of its buffer without its own header and trailer),
+    then the trailer. Whatever ``encode`` raises propagates at that block.
+    """
+    head, tail = len(_COPY_HEADER), len(_COPY_TRAILER)
+    yield _COPY_HEADER
+    for start in range(0, len(items), COPY_BLOCK):
+        part = items[start:start + COPY_BLOCK]
+        payloads = encode(part)
+        if len(payloads) != len(part):
+            raise RuntimeError(f"encode gave {len(payloads)} payloads for {len(part)} items")
+        buf = _impl.encode_ready_rows(rng.ready_slot, rng.lane_id, rng.first_seq + start, kind, payloads, metadata,
+                                      0, max_attempts)
+        yield memoryview(buf)[head:len(buf) - tail]
+    yield _COPY_TRAILER
 
 
 def encode_done_result_rows(items: Sequence[tuple[ClaimSnapshot, bool, bytes]]) -> bytes:

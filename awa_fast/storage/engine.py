@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -31,6 +31,7 @@ from awa_fast.errors import ConfigError, SchemaNotMigrated, SchemaTooNew
 from awa_fast.jobs import ClaimSnapshot
 from awa_fast.limits import KEEP as _LIMIT_KEEP
 from awa_fast.storage.connection import clean_text
+from awa_fast.storage.copy_rows import copy_blocks as _copy_blocks
 from awa_fast.storage.copy_rows import encode_done_result_rows
 from awa_fast.storage.keys import KeyLimitQueries
 from awa_fast.storage.schema import latest_version, named_queries, render, validate_schema
@@ -130,34 +131,99 @@ class Storage(KeyLimitQueries, SessionQueries):
         return [int(r[0]) for r in rows]
 
     def job_enqueue_copy(self, conn: psycopg.Connection, queue: str, priority: int, kind: str,
-                         args: Sequence[bytes], metadata: bytes | None, max_attempts: int) -> LaneRange:
+                         args: Sequence[Any], metadata: bytes | None, max_attempts: int,
+                         encode: Callable[[Sequence[Any]], Sequence[bytes]] | None = None) -> LaneRange:
         """Bulk-enqueue by binary COPY: reserve one lane range, then stream encoded rows.
 
-        The rows are encoded by the accelerated ``encode_ready_rows``. Job ids
-        are ``(lane_id << 40) | lane_seq`` over the returned range.
+        Without ``encode``, ``args`` are the encoded payloads (``bytes`` of
+        JSON) and one buffer is sent. With it, ``args`` are the callers' items
+        and ``encode(block)`` turns each block of ``copy_rows.COPY_BLOCK`` of them
+        into payloads while the previous blocks are on their way, so
+        PostgreSQL parses and indexes rows while the next ones are checked
+        and encoded. An error ``encode`` raises aborts the COPY (PostgreSQL
+        keeps nothing of it; the transaction is then failed: run this inside
+        :meth:`enqueue_scope`). The rows are encoded by the accelerated
+        ``encode_ready_rows``. Job ids are ``(lane_id << 40) | lane_seq``
+        over the returned range.
         """
         row = conn.execute(self.q["lane_reserve"], (queue, priority, len(args))).fetchone()
         assert row is not None
         rng = LaneRange(int(row[0]), int(row[1]), int(row[2]))
-        buf = _impl.encode_ready_rows(rng.ready_slot, rng.lane_id, rng.first_seq, kind, args, metadata, 0,
-                                      max_attempts)
+        # encoded payloads: one buffer, built before the COPY starts (an error leaves the transaction clean)
+        blocks = (_copy_blocks(rng, kind, args, metadata, max_attempts, encode) if encode is not None else
+                  [_impl.encode_ready_rows(rng.ready_slot, rng.lane_id, rng.first_seq, kind, args, metadata, 0,
+                                           max_attempts)])
         with conn.cursor().copy(render(_READY_COPY.format(slot=int(rng.ready_slot)), self.schema)) as cp:
-            cp.write(buf)
+            for block in blocks:
+                cp.write(block)
         return rng
 
     async def job_enqueue_copy_async(self, conn: psycopg.AsyncConnection, queue: str, priority: int, kind: str,
-                                     args: Sequence[bytes], metadata: bytes | None,
-                                     max_attempts: int) -> LaneRange:
+                                     args: Sequence[Any], metadata: bytes | None, max_attempts: int,
+                                     encode: Callable[[Sequence[Any]], Sequence[bytes]] | None = None) -> LaneRange:
         """Async twin of :meth:`job_enqueue_copy`."""
         cur = await conn.execute(self.q["lane_reserve"], (queue, priority, len(args)))
         row = await cur.fetchone()
         assert row is not None
         rng = LaneRange(int(row[0]), int(row[1]), int(row[2]))
-        buf = _impl.encode_ready_rows(rng.ready_slot, rng.lane_id, rng.first_seq, kind, args, metadata, 0,
-                                      max_attempts)
+        blocks = (_copy_blocks(rng, kind, args, metadata, max_attempts, encode) if encode is not None else
+                  [_impl.encode_ready_rows(rng.ready_slot, rng.lane_id, rng.first_seq, kind, args, metadata, 0,
+                                           max_attempts)])
         async with conn.cursor().copy(render(_READY_COPY.format(slot=int(rng.ready_slot)), self.schema)) as cp:
-            await cp.write(buf)
+            for block in blocks:
+                await cp.write(block)
         return rng
+
+    @contextlib.contextmanager
+    def enqueue_scope(self, conn: psycopg.Connection, *, savepoint: bool = True) -> Iterator[None]:
+        """The transaction a bulk enqueue writes in, so that an error leaves nothing of it.
+
+        On an autocommit connection, a transaction of its own (committed at the
+        end, rolled back on an error). Inside the caller's transaction, a
+        savepoint: on an error everything since it is rolled back (the lane
+        numbers it reserved stay unused, as after any rolled-back enqueue) and
+        the caller's transaction stays usable, with its own earlier work.
+        ``savepoint=False`` (every payload was checked before the first row is
+        written) joins the caller's transaction as it is: two round trips fewer.
+        """
+        if conn.autocommit:
+            with conn.transaction():
+                yield
+            return
+        if not savepoint:
+            yield
+            return
+        conn.execute(self.q["enqueue_savepoint"])
+        try:
+            yield
+        except BaseException:
+            # a broken connection cannot roll back: the error that broke it says more
+            with contextlib.suppress(psycopg.Error):
+                conn.execute(self.q["enqueue_savepoint_rollback"])
+                conn.execute(self.q["enqueue_savepoint_release"])
+            raise
+        conn.execute(self.q["enqueue_savepoint_release"])
+
+    @contextlib.asynccontextmanager
+    async def enqueue_scope_async(self, conn: psycopg.AsyncConnection, *,
+                                  savepoint: bool = True) -> AsyncIterator[None]:
+        """Async twin of :meth:`enqueue_scope`."""
+        if conn.autocommit:
+            async with conn.transaction():
+                yield
+            return
+        if not savepoint:
+            yield
+            return
+        await conn.execute(self.q["enqueue_savepoint"])
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(psycopg.Error):
+                await conn.execute(self.q["enqueue_savepoint_rollback"])
+                await conn.execute(self.q["enqueue_savepoint_release"])
+            raise
+        await conn.execute(self.q["enqueue_savepoint_release"])
 
     # -- claim ----------------------------------------------------------------
 

@@ -258,3 +258,74 @@ def test_job_list_shows_jobs_waiting_on_their_key(pg_dsn, schema, storage, conn)
     assert [j["job_id"] for j in storage.job_list(conn, state="available")] == [a[2], a[1]]
     assert [j["job_id"] for j in storage.job_list(conn, state="scheduled", kind="k.work")] == [later]
     assert [j["job_id"] for j in storage.job_list(conn, queue=Q, limit=2, before_id=a[2])] == [a[1], a[0]]
+
+
+def test_dlq_retry_of_a_keyed_job_waits_for_its_keys_room(pg_dsn, schema, storage, conn):
+    storage.queue_key_limit_set(conn, Q, 1)
+    client = Client(pg_dsn, schema)
+    dead = client.enqueue("k.work", {"i": 0}, queue=Q, concurrency_key="A", max_attempts=1)
+    got, _ = _claim(storage, conn)
+    assert [s.job_id for s in got] == [dead]
+    first_lease = got[0].run_lease
+    assert storage.attempt_close(conn, [(got[0], 2, None, "boom")])
+    assert storage.job_load(conn, dead)["state"] == "dlq"
+    # the next claim retires the dead job's admission; the key's next job takes the one slot
+    nxt = client.enqueue("k.work", {"i": 1}, queue=Q, concurrency_key="A")
+    running, _ = _claim(storage, conn)
+    assert [s.job_id for s in running] == [nxt]
+    assert sqlx(conn, schema, "SELECT job_id, ckey FROM __SCHEMA__.key_dlq") == [(dead, "A")]
+    # the retried job waits for A's room instead of running beside nxt
+    assert storage.dlq_retry(conn, [dead]) == [dead]
+    job = storage.job_load(conn, dead)
+    assert (job["state"], job["concurrency_key"], job["run_lease"]) == ("available", "A", first_lease)
+    assert [e["error"] for e in job["errors"]] == ["boom"]
+    assert _claim(storage, conn) == ([], True)
+    assert sqlx(conn, schema, "SELECT count(*) FROM __SCHEMA__.key_dlq") == [(0,)]
+    storage.receipt_complete_rows(conn, running)
+    again, _ = _claim(storage, conn)
+    assert [s.job_id for s in again] == [dead]
+    assert again[0].run_lease > first_lease, "a lease of an earlier attempt is never handed out again"
+    assert storage.queue_key_status(conn)[Q]["admitted"] == 1
+    client.close()
+
+
+def test_dlq_retry_before_any_claim_keeps_the_admission_and_purge_forgets_keys(pg_dsn, schema, storage, conn):
+    storage.queue_key_limit_set(conn, Q, 1)
+    client = Client(pg_dsn, schema)
+    dead = client.enqueue("k.work", {"i": 0}, queue=Q, concurrency_key="A", max_attempts=1)
+    got, _ = _claim(storage, conn)
+    assert storage.attempt_close(conn, [(got[0], 2, None, "boom")])
+    # retried before a claim retired its admission: back in the lane, in its own slot
+    assert storage.dlq_retry(conn, [dead]) == [dead]
+    other = client.enqueue("k.work", {"i": 1}, queue=Q, concurrency_key="A")
+    rerun, _ = _claim(storage, conn)
+    assert [s.job_id for s in rerun] == [dead]
+    assert storage.queue_key_status(conn)[Q]["admitted"] == 1
+    assert _claim(storage, conn) == ([], True)
+    # dead-lettered again; the retire keeps its key; a purge forgets the key with the entry
+    assert storage.attempt_close(conn, [(rerun[0], 2, None, "boom again")])
+    freed, _ = _claim(storage, conn)
+    assert [s.job_id for s in freed] == [other]
+    assert sqlx(conn, schema, "SELECT job_id FROM __SCHEMA__.key_dlq") == [(dead,)]
+    assert storage.dlq_purge(conn, [dead]) == 1
+    assert sqlx(conn, schema, "SELECT count(*) FROM __SCHEMA__.key_dlq") == [(0,)]
+    client.close()
+
+
+def test_removing_the_key_limit_keeps_a_retried_jobs_lease(pg_dsn, schema, storage, conn):
+    storage.queue_key_limit_set(conn, Q, 1)
+    client = Client(pg_dsn, schema)
+    dead = client.enqueue("k.work", {"i": 0}, queue=Q, concurrency_key="A", max_attempts=1)
+    got, _ = _claim(storage, conn)
+    first_lease = got[0].run_lease
+    assert storage.attempt_close(conn, [(got[0], 2, None, "boom")])
+    hold = client.enqueue("k.work", {"i": 1}, queue=Q, concurrency_key="A")
+    running, _ = _claim(storage, conn)
+    assert [s.job_id for s in running] == [hold]
+    assert storage.dlq_retry(conn, [dead]) == [dead]
+    storage.queue_key_limit_set(conn, Q, None)  # the waiting job goes to the lane, through deferred_jobs
+    assert sqlx(conn, schema, "SELECT count(*) FROM __SCHEMA__.key_dlq") == [(0,)]
+    storage.deferred_promote(conn)
+    back, _ = _claim(storage, conn)
+    assert [s.job_id for s in back] == [dead] and back[0].run_lease > first_lease
+    client.close()
