@@ -7,7 +7,7 @@ Same functions, signatures and behaviour as the pure-Python twin
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from awa_fast.jobs import ClaimSnapshot
+from awa_fast.jobs import ClaimSnapshot, Job
 
 __all__ = [
     "COPY_HEADER",
@@ -19,6 +19,7 @@ __all__ = [
     "encode_closure_rows",
     "encode_done_rows",
     "encode_ready_rows",
+    "new_jobs",
 ]
 
 COPY_HEADER: bytes
@@ -30,6 +31,9 @@ MAX_DEPTH_LIMIT: int
 _fast_snapshots: bool
 # True when the encoders read exact ClaimSnapshot instances from their slots.
 _fast_snapshot_fields: bool
+# True when Job's layout was verified at import (a probe Job built both ways agreed slot by slot)
+# and new_jobs fills a Job's slots directly (False: it calls Job(...), still correct).
+_fast_jobs: bool
 
 def check_payload(obj: object, max_depth: int = 32) -> None: ...
 def dump_payloads(
@@ -48,3 +52,6 @@ def encode_ready_rows(
 def encode_done_rows(snapshots: Sequence[ClaimSnapshot]) -> bytes: ...
 def encode_closure_rows(snapshots: Sequence[ClaimSnapshot], outcome: int) -> bytes: ...
 def decode_snapshots(rows: Iterable[Sequence[Any]]) -> list[ClaimSnapshot]: ...
+def new_jobs(
+    snapshots: Sequence[ClaimSnapshot], args_types: dict[str, type | None], runtime: Any
+) -> list[Job[Any]]: ...

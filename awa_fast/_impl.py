@@ -25,7 +25,7 @@ from types import ModuleType
 from typing import Any, Protocol, cast
 
 from awa_fast.errors import ConfigError, ImplementationUnavailable
-from awa_fast.jobs import ClaimSnapshot
+from awa_fast.jobs import ClaimSnapshot, Job
 
 __all__ = [
     "IMPL",
@@ -36,6 +36,7 @@ __all__ = [
     "encode_closure_rows",
     "encode_done_rows",
     "encode_ready_rows",
+    "new_jobs",
 ]
 
 ENV_VAR = "AWA_FAST_IMPL"
@@ -73,6 +74,9 @@ class Codec(Protocol):
     def encode_closure_rows(self, snapshots: Sequence[ClaimSnapshot], outcome: int) -> bytes: ...
 
     def decode_snapshots(self, rows: Iterable[Sequence[Any]]) -> list[ClaimSnapshot]: ...
+
+    def new_jobs(self, snapshots: Sequence[ClaimSnapshot], args_types: dict[str, type | None],
+                 runtime: Any) -> list[Job[Any]]: ...
 
 
 def _load_c() -> ModuleType:
@@ -123,3 +127,4 @@ encode_ready_rows = _codec_api.encode_ready_rows
 encode_done_rows = _codec_api.encode_done_rows
 encode_closure_rows = _codec_api.encode_closure_rows
 decode_snapshots = _codec_api.decode_snapshots
+new_jobs = _codec_api.new_jobs

@@ -43,7 +43,7 @@ from operator import index as _index
 from typing import Any
 
 from awa_fast.errors import PayloadError
-from awa_fast.jobs import ClaimSnapshot
+from awa_fast.jobs import ClaimSnapshot, Job
 
 __all__ = [
     "COPY_HEADER",
@@ -55,6 +55,7 @@ __all__ = [
     "encode_closure_rows",
     "encode_done_rows",
     "encode_ready_rows",
+    "new_jobs",
 ]
 
 COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + b"\x00\x00\x00\x00" + b"\x00\x00\x00\x00"
@@ -432,3 +433,10 @@ def encode_closure_rows(snapshots: Sequence[ClaimSnapshot], outcome: int) -> byt
 def decode_snapshots(rows: Iterable[Sequence[Any]]) -> list[ClaimSnapshot]:
     """``[ClaimSnapshot(*row) for row in rows]``: rows in ClaimSnapshot field order."""
     return [ClaimSnapshot(*row) for row in rows]
+
+
+def new_jobs(snapshots: Sequence[ClaimSnapshot], args_types: dict[str, type | None],
+             runtime: Any) -> list[Job[Any]]:
+    """``[Job(s, args_types.get(s.kind), runtime) for s in snapshots]``: the jobs of one claim."""
+    get = args_types.get
+    return [Job(s, get(s.kind), runtime) for s in snapshots]

@@ -93,7 +93,7 @@ class Job(Generic[T]):
     database directly.
     """
 
-    __slots__ = ("snapshot", "_args_type", "_args", "_progress", "_cancelled", "_stale", "_runtime",
+    __slots__ = ("snapshot", "key", "_args_type", "_args", "_progress", "_cancelled", "_stale", "_runtime",
                  "callback_token", "lease_backed", "started_at", "finished_at", "_task")
     # Slots that __init__ leaves unset (see the comment there); declared for the type checker only,
     # a bare annotation creates no class attribute, so the slots stay as they are.
@@ -102,7 +102,11 @@ class Job(Generic[T]):
     finished_at: float
 
     def __init__(self, snapshot: ClaimSnapshot, args_type: type | None = None, runtime: Any = None) -> None:
+        # Only stores into slots: the codec's new_jobs (the claimer's dispatch) fills the same slots
+        # in C once an import-time probe found a Job built both ways equal slot by slot.
         self.snapshot = snapshot
+        # (job_id, run_lease): the attempt's key in every runtime structure, built once per claim
+        self.key = (snapshot.job_id, snapshot.run_lease)
         self._args_type = args_type
         self._args: Any = _UNSET
         self._progress: Any = None

@@ -49,6 +49,7 @@ __all__ = [
     "encode_closure_rows",
     "encode_done_rows",
     "encode_ready_rows",
+    "new_jobs",
 ]
 
 COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + b"\x00\x00\x00\x00" + b"\x00\x00\x00\x00"

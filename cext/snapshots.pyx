@@ -1,4 +1,4 @@
-# Included by codec.pyx. ClaimSnapshot slot access and decode_snapshots.
+# Included by codec.pyx. ClaimSnapshot slot access, decode_snapshots, and Job construction (new_jobs).
 #
 # ClaimSnapshot is a msgspec Struct (frozen, gc=False): every field is an
 # object slot at a fixed offset, described by a member descriptor on the
@@ -162,4 +162,119 @@ def decode_snapshots(rows):
             snap = ClaimSnapshot(*<object>row)
         Py_INCREF(snap)
         PyList_SET_ITEM(out, i, snap)
+    return out
+
+
+# --------------------------------------------------------------------------
+# Job construction (the claimer's dispatch): Job(snapshot, args_type, runtime).
+#
+# Job is a plain __slots__ class (GC-tracked, no __dict__, allocated by
+# PyType_GenericAlloc) whose __init__ only stores into its slots. At import we
+# read the slot offsets, build one Job both ways from a probe snapshot and
+# compare every slot; only when they agree does new_jobs fill the slots
+# itself. Otherwise (a changed Job, another allocator) it calls Job(...), as
+# the Python twin always does: slower, never different.
+
+from awa_fast.jobs import _UNSET as _JOB_UNSET
+from awa_fast.jobs import Job
+
+cdef PyTypeObject* _job_type = <PyTypeObject*>Job
+cdef Py_ssize_t _jo_snapshot = -1, _jo_key = -1, _jo_args_type = -1, _jo_args = -1, _jo_progress = -1
+cdef Py_ssize_t _jo_cancelled = -1, _jo_runtime = -1, _jo_callback_token = -1, _jo_lease_backed = -1
+cdef Py_ssize_t _jo_started_at = -1
+cdef bint _job_build_ok = False
+cdef object _job_unset = _JOB_UNSET
+
+
+cdef inline void _put_slot(char* base, Py_ssize_t off, object value):
+    Py_INCREF(value)
+    (<PyObject**>(base + off))[0] = <PyObject*>value
+
+
+cdef object _job_filled(object snap, object args_type, object runtime):
+    """Job(snap, args_type, runtime) by filling its slots (only once the probe agreed)."""
+    key = (_snap_field(snap, _off_job_id, "job_id"), _snap_field(snap, _off_run_lease, "run_lease"))
+    cdef PyObject* obj = PyType_GenericAlloc(_job_type, 0)
+    cdef char* base = <char*>obj
+    _put_slot(base, _jo_snapshot, snap)
+    _put_slot(base, _jo_key, key)
+    _put_slot(base, _jo_args_type, args_type)
+    _put_slot(base, _jo_args, _job_unset)
+    _put_slot(base, _jo_progress, None)
+    _put_slot(base, _jo_cancelled, False)
+    _put_slot(base, _jo_runtime, runtime)
+    _put_slot(base, _jo_callback_token, None)
+    _put_slot(base, _jo_lease_backed, False)
+    _put_slot(base, _jo_started_at, 0.0)
+    result = <object>obj
+    Py_XDECREF(obj)
+    return result
+
+
+cdef void _probe_job_layout() except *:
+    global _jo_snapshot, _jo_key, _jo_args_type, _jo_args, _jo_progress, _jo_cancelled, _jo_runtime
+    global _jo_callback_token, _jo_lease_backed, _jo_started_at, _job_build_ok
+    cdef _TypeView* tp = <_TypeView*>_job_type
+    cls = Job
+    if not _snap_slots_ok or tp.tp_itemsize != 0 or tp.tp_dictoffset != 0 or tp.tp_weaklistoffset != 0:
+        return
+    if tp.tp_alloc != GENERIC_ALLOC_ADDR or (tp.tp_flags & ((1 << 3) | (1 << 4))):
+        return
+    slots = cls.__dict__.get("__slots__")
+    if type(slots) is not tuple:
+        return
+    offsets = {}
+    for name in slots:
+        off = _member_offset(cls, name, tp.tp_basicsize)
+        if off < 0:
+            return
+        offsets[name] = off
+    try:
+        _jo_snapshot, _jo_key, _jo_args_type, _jo_args = (
+            offsets["snapshot"], offsets["key"], offsets["_args_type"], offsets["_args"])
+        _jo_progress, _jo_cancelled, _jo_runtime = offsets["_progress"], offsets["_cancelled"], offsets["_runtime"]
+        _jo_callback_token, _jo_lease_backed, _jo_started_at = (
+            offsets["callback_token"], offsets["lease_backed"], offsets["started_at"])
+    except KeyError:
+        return
+    import datetime
+    probe = ClaimSnapshot(7, 3, 1, 25, "q", "k", 2, b"{}", None, 0, 1, 9, 0, 11,
+                          datetime.datetime(2000, 1, 1, tzinfo=datetime.timezone.utc))
+    runtime = object()
+    made = cls(probe, int, runtime)
+    filled = _job_filled(probe, int, runtime)
+    for name in slots:
+        has_made = hasattr(made, name)
+        if has_made != hasattr(filled, name):
+            return
+        if has_made:
+            a, b = getattr(made, name), getattr(filled, name)
+            if type(a) is not type(b) or not (a is b or a == b):
+                return
+    _job_build_ok = True
+
+
+_probe_job_layout()
+_fast_jobs = bool(_job_build_ok)
+
+
+def new_jobs(snapshots, args_types, runtime):
+    """``[Job(s, args_types.get(s.kind), runtime) for s in snapshots]`` (``args_types``: a dict)."""
+    cdef Py_ssize_t i, n
+    if type(snapshots) is not list:
+        snapshots = list(snapshots)
+    n = PyList_GET_SIZE(snapshots)
+    cdef list out = PyList_New(n)
+    get = args_types.get
+    for i in range(n):
+        if i >= PyList_GET_SIZE(snapshots):
+            raise RuntimeError("snapshots changed size during new_jobs")
+        snap = <object>PyList_GET_ITEM(snapshots, i)
+        args_type = get(_snap_field(snap, _off_kind, "kind"))
+        if _job_build_ok and Py_TYPE(snap) == _snap_type:
+            job = _job_filled(snap, args_type, runtime)
+        else:
+            job = Job(snap, args_type, runtime)
+        Py_INCREF(job)
+        PyList_SET_ITEM(out, i, job)
     return out

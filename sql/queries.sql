@@ -631,6 +631,11 @@ SELECT queue, key_max_running, waiting, keys_waiting, admitted FROM __SCHEMA__.q
 -- The database's wall clock in epoch seconds (the claimer's latency metrics correct for clock skew with it).
 SELECT extract(epoch FROM clock_timestamp())::float8
 
+-- name: session_utc
+-- Report timestamptz results of this session in UTC: psycopg then builds each created_at of a claim without a
+-- zone lookup (~0.2 against ~0.65 us a row under 'Etc/UTC'). Instants are unchanged; no claim SQL reads TimeZone.
+SET TimeZone TO 'UTC'
+
 -- name: session_ping
 -- A round trip proving an idle connection alive (a half-open socket answers nothing).
 SELECT 1

@@ -44,12 +44,10 @@ class AttemptTable:
 
     def claimed(self, jobs: Sequence[Job[Any]], now: float) -> None:
         """Attempts just claimed (at monotonic ``now``): held and due for heartbeats."""
+        keys = [job.key for job in jobs]
         with self._lock:
-            held, claimed_at = self._held, self._claimed_at
-            for job in jobs:
-                key = (job.id, job.run_lease)
-                held[key] = job
-                claimed_at[key] = now
+            self._held.update(zip(keys, jobs, strict=True))  # C loops: one claim is up to thousands of attempts
+            self._claimed_at.update(dict.fromkeys(keys, now))
 
     # -- handler threads and the batcher ----------------------------------------------
 
@@ -57,18 +55,19 @@ class AttemptTable:
         """Attempts parked for a callback: the lease plane holds them now, not this claimer."""
         with self._lock:
             for job in jobs:
-                key = (job.id, job.run_lease)
+                key = job.key
                 self._held.pop(key, None)
                 self._claimed_at.pop(key, None)
 
-    def closed(self, keys: Iterable[Key]) -> None:
+    def closed(self, keys: Sequence[Key]) -> None:
         """Attempts whose outcome a flush made durable (or dropped): they leave every structure."""
         with self._lock:
-            held, claimed_at, stateful = self._held, self._claimed_at, self._stateful
+            drop_held, drop_claimed = self._held.pop, self._claimed_at.pop
             for key in keys:
-                held.pop(key, None)
-                claimed_at.pop(key, None)
-                stateful.discard(key)
+                drop_held(key, None)
+                drop_claimed(key, None)
+            if self._stateful:  # usually empty: no heartbeat reached the database for these
+                self._stateful.difference_update(keys)
 
     def stateful_among(self, keys: Iterable[Key]) -> set[Key]:
         """Of ``keys``, those that may have an ``attempt_state`` row (read by the batcher per flush)."""

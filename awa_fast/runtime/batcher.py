@@ -21,9 +21,11 @@ The only calls back to its owner are the three of :class:`FlushSink`.
 from __future__ import annotations
 
 import logging
+import operator
 import queue
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -39,6 +41,7 @@ from awa_fast.storage import RawJson, Storage, close_quietly, connect
 log = logging.getLogger("awa_fast.batcher")
 
 Closed = tuple[Job[Any], Outcome | Unwritten]  # one finished attempt, as the executor hands it on
+_CLAIM_ID = operator.attrgetter("claim_id")
 
 
 # -- messages on the batcher's queue (one type each; the batcher thread tells them apart by type) --
@@ -132,11 +135,7 @@ class CompletionBatcher:
 
     def register_receipts(self, snapshots: Sequence[ClaimSnapshot]) -> None:
         """Tell the batcher how many outcomes each receipt of a claim will produce."""
-        counts: dict[int, int] = {}
-        for s in snapshots:
-            cid = s.claim_id
-            counts[cid] = counts.get(cid, 0) + 1
-        self._q.put(_Receipts(counts))
+        self._q.put(_Receipts(Counter(map(_CLAIM_ID, snapshots))))  # C loops: a claim has a few receipts
 
     def submit(self, job: Job[Any], outcome: Outcome | Unwritten) -> None:
         """Queue one attempt's outcome for the next flush."""
@@ -238,7 +237,7 @@ class CompletionBatcher:
                 self._remaining.pop(cid, None)
             else:
                 self._remaining[cid] = left
-        self._sink.flushed(FlushReport(batch, {(j.id, j.run_lease) for j, _ in batch}, 0.0, time.time()))
+        self._sink.flushed(FlushReport(batch, {j.key for j, _ in batch}, 0.0, time.time()))
 
     def _flush(self, batch: list[Closed], replay: bool = False) -> None:
         t0 = time.perf_counter()
@@ -283,7 +282,7 @@ class CompletionBatcher:
             if n_complete == n_all and self._remaining.get(cid) == n_all:
                 slot = next(j.snapshot.claim_slot for j, _ in batch if j.snapshot.claim_id == cid)
                 whole.append((slot, cid))
-        stateful = self._sink.stateful_among((j.id, j.run_lease) for j, _ in batch)  # lazy: usually none
+        stateful = self._sink.stateful_among(j.key for j, _ in batch)  # lazy: usually none
         with_state = [s for s in completes if (s.job_id, s.run_lease) in stateful] if stateful else []
         if results:
             self._flush_with_results(conn, batch, completes, others, results, whole, with_state, stateful,

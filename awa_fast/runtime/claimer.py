@@ -32,10 +32,11 @@ from typing import Any
 
 import psycopg
 
+from awa_fast._impl import new_jobs
 from awa_fast.errors import DatabaseUnavailable
 from awa_fast.jobs import MAX_PROGRESS_BYTES, AttemptClosed, ClaimSnapshot, Job, JobSpec
 from awa_fast.limits import LimitWatch
-from awa_fast.outcomes import Unwritten
+from awa_fast.outcomes import COMPLETED, Unwritten
 from awa_fast.runtime.attempts import AttemptTable, Key
 from awa_fast.runtime.batcher import BatcherConfig, CompletionBatcher, FlushReport
 from awa_fast.runtime.entry import claimer_main, die_with_parent
@@ -253,6 +254,9 @@ class Claimer:
                                        application_name=f"awa_fast:claimer:{self.config.queue}#{self.config.stripe}",
                                        connect_timeout=int(self.config.io_timeout + 0.999))
             use_raw_jsonb(self._claim_conn)
+            # Snapshots' created_at in UTC: psycopg's loader skips the zone conversion it does
+            # for a named zone ('Etc/UTC', 'Europe/Paris', ...), ~0.45 us of every claimed job.
+            self.storage.session_utc(self._claim_conn)
             self._measure_clock_offset()
             # Claims commit durably (synchronous_commit stays on). A claim lost
             # in a crash would be issued again under the same run_lease, and the
@@ -363,11 +367,8 @@ class Claimer:
     def _dispatch(self, snaps: Sequence[ClaimSnapshot]) -> None:
         now = time.monotonic()
         self.batcher.register_receipts(snaps)
-        registry = self.registry
-        jobs: list[Job[Any]] = []
-        for s in snaps:
-            spec = registry.get(s.kind)
-            jobs.append(Job(s, spec.args_type if spec else None, self))
+        types = {kind: spec.args_type for kind, spec in self.registry.items()}  # a few kinds, per claim
+        jobs = new_jobs(snaps, types, self)  # Job(s, types.get(s.kind), self) each, built in C
         self.attempts.claimed(jobs, now)
         n = len(jobs)
         self.count("claimed", n)
@@ -436,41 +437,65 @@ class Claimer:
         self.stop()
 
     def flushed(self, report: FlushReport) -> None:
-        """After a flush (on the batcher thread): the attempts leave the table; counters, latencies, listeners."""
-        keys = [(j.id, j.run_lease) for j, _ in report.jobs]
+        """After a flush (on the batcher thread): the attempts leave the table; counters, latencies, listeners.
+
+        One pass over the flush. The common outcome (the shared ``COMPLETED``,
+        not stale) is counted without a lookup; jobs enqueued together share
+        their ``created_at``, so its conversion to this process's clock is
+        made once per run of equal values, not once per job.
+        """
+        pairs = report.jobs
+        keys = [job.key for job, _ in pairs]
         self.attempts.closed(keys)
         self.executor.forget_flushed(keys)
-        st = dict.fromkeys(self.stats, 0)
-        st["batches"] = 1
+        stale = report.stale
+        committed = report.committed_at
+        offset = self._clock_offset
+        completed = 0
+        other: dict[str, int] = {}
         e2e: list[float] = []
         pickup: list[float] = []
         handler: list[float] = []
         closed: list[AttemptClosed] | None = [] if self.flush_listeners else None
-        for (job, outcome), key in zip(report.jobs, keys, strict=True):
-            finished = getattr(job, "finished_at", 0.0)  # unset: the handler never ran
-            if finished:
-                handler.append(finished - job.started_at)
-            if outcome is Unwritten.PARKED:
+        last_at: Any = None  # the created_at converted last, and its value on this process's clock
+        created = 0.0
+        for (job, outcome), key in zip(pairs, keys, strict=True):
+            started = job.started_at
+            if started:
+                finished = getattr(job, "finished_at", 0.0)  # unset: the handler has not returned
+                if finished:
+                    handler.append(finished - started)
+            if outcome is COMPLETED and not (stale and key in stale):
+                what = "completed"
+                completed += 1
+            elif outcome is Unwritten.PARKED:
                 continue
-            what = "stale" if key in report.stale or outcome is Unwritten.STALE else outcome.code.closed_as
-            st[what] += 1
+            else:
+                what = ("stale" if outcome is Unwritten.STALE or (stale and key in stale)
+                        else outcome.code.closed_as)
+                other[what] = other.get(what, 0) + 1
             if closed is not None:
-                closed.append(AttemptClosed(job.id, job.run_lease, job.kind, what, job.started_at or 0.0,
-                                            report.committed_at))
+                closed.append(AttemptClosed(job.id, job.run_lease, job.kind, what, started or 0.0, committed))
             if what == "stale":
                 continue
-            created = job.snapshot.created_at.timestamp() - self._clock_offset  # on this process's clock
-            e2e.append(report.committed_at - created)
-            if job.started_at:
-                pickup.append(job.started_at - created)
+            at = job.snapshot.created_at
+            if at != last_at:
+                last_at = at
+                created = at.timestamp() - offset
+            e2e.append(committed - created)
+            if started:
+                pickup.append(started - created)
         with self._stats_lock:
-            for k, v in st.items():
-                self.stats[k] += v
+            stats = self.stats
+            stats["batches"] += 1
+            stats["completed"] += completed
+            for k, v in other.items():
+                stats[k] += v
             samples = self._samples
             samples["e2e"].extend(e2e)
             samples["pickup"].extend(pickup)
             samples["handler"].extend(handler)
-            samples["flush_jobs"].append(len(report.jobs))
+            samples["flush_jobs"].append(len(pairs))
             samples["flush_seconds"].append(report.seconds)
         if closed:
             for listener in self.flush_listeners:

@@ -22,6 +22,32 @@ def die_with_parent() -> None:
         pass
 
 
+#: The young-generation threshold of a claimer process (CPython's default is 700).
+CLAIMER_GC_THRESHOLD = 10_000
+
+
+def tune_gc() -> None:
+    """Set up the cyclic garbage collector of a claimer process, once its app is loaded.
+
+    A claimer allocates a few collector-tracked objects per job (the ``Job``,
+    its key, the outcome pair) that live until the job's flush. With the
+    default threshold a drain ran a young collection every ~500 jobs, each
+    scanning the jobs still held, and a full one over every object of the
+    forked process every ~50k jobs: 10-15% of the claimer's CPU. Everything
+    loaded so far (the app and its imports, inherited from the supervisor)
+    is frozen out of the collector's reach, and a young collection waits for
+    :data:`CLAIMER_GC_THRESHOLD` net new objects; garbage cycles a handler
+    leaves are still collected, a little later. Only the claimer process
+    does this: an in-process worker leaves its host's collector alone.
+    """
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(CLAIMER_GC_THRESHOLD, older, oldest)
+
+
 def claimer_main(app_ref: str, config: ClaimerConfig, shm_name: str | None, shm_index: int) -> None:
     """Entry point of a claimer process (forked by the supervisor): run one claimer, exit with its code."""
     import signal
@@ -39,6 +65,7 @@ def claimer_main(app_ref: str, config: ClaimerConfig, shm_name: str | None, shm_
         ring = ShmRing.attach(shm_name)
         record = ring.claimer(shm_index)
     claimer = Claimer(config, app.registry, record, getattr(app, "flush_listeners", ()))
+    tune_gc()
     signal.signal(signal.SIGTERM, lambda *_: claimer.stop())
     signal.signal(signal.SIGINT, lambda *_: claimer.stop())
     code = claimer.run()

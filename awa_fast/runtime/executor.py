@@ -219,15 +219,20 @@ class Executor:
 
     def dispatch(self, jobs: list[Job[Any]]) -> None:
         """Run freshly claimed jobs (the claim loop's thread)."""
-        unknown = [j for j in jobs if j.kind not in self.registry]
-        if unknown:
-            self._unknown_kinds(unknown)
-            jobs = [j for j in jobs if j.kind in self.registry]
-        if self._loop is None:
+        registry = self.registry
+        kinds = {j.snapshot.kind for j in jobs}  # one claim holds a few kinds: decide per kind, not per job
+        if not kinds.issubset(registry):
+            self._unknown_kinds([j for j in jobs if j.snapshot.kind not in registry])
+            jobs = [j for j in jobs if j.snapshot.kind in registry]
+            kinds &= registry.keys()
+        async_kinds = {k for k in kinds if registry[k].is_async} if self._loop is not None else set()
+        if not async_kinds:
             sync_jobs, async_jobs = jobs, []
+        elif async_kinds == kinds:
+            sync_jobs, async_jobs = [], jobs
         else:
-            sync_jobs = [j for j in jobs if not self.is_async(j)]
-            async_jobs = [j for j in jobs if self.is_async(j)]
+            sync_jobs = [j for j in jobs if j.snapshot.kind not in async_kinds]
+            async_jobs = [j for j in jobs if j.snapshot.kind in async_kinds]
         if sync_jobs:
             per = self._chunk_size(len(sync_jobs))
             for i in range(0, len(sync_jobs), per):
@@ -473,7 +478,7 @@ class Executor:
 
     def _arm_timeout(self, job: Job[Any], timeout: float) -> None:
         with self._timed_lock:
-            self._timed[(job.id, job.run_lease)] = [time.monotonic() + timeout, job, timeout, False]
+            self._timed[job.key] = [time.monotonic() + timeout, job, timeout, False]
 
     def _disarm(self, done: list[tuple[Job[Any], Outcome | Unwritten]]) -> list[tuple[Job[Any], Outcome | Unwritten]]:
         """Take finished attempts out of the timeout watch; drop the outcome of one already timed out.
@@ -487,7 +492,7 @@ class Executor:
         with self._timed_lock:
             for item in done:
                 job = item[0]
-                entry = self._timed.pop((job.id, job.run_lease), None)
+                entry = self._timed.pop(job.key, None)
                 if entry is not None and entry[3]:
                     if not self.is_async(job):
                         late_sync += 1
@@ -603,7 +608,7 @@ class Executor:
         changed = False
         with self._abandoned_lock:
             for i, (job, _) in enumerate(done):
-                key = (job.id, job.run_lease)
+                key = job.key
                 if key in self._abandoned:
                     self._abandoned.discard(key)
                     done[i] = (job, Unwritten.STALE)

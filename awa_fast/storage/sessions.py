@@ -26,6 +26,10 @@ class SessionQueries:
         assert row is not None
         return float(row[0])
 
+    def session_utc(self, conn: psycopg.Connection) -> None:
+        """Make ``conn`` report timestamptz values in UTC (the same instants, the cheapest ``datetime`` to build)."""
+        conn.execute(self.q["session_utc"])
+
     def session_ping(self, conn: psycopg.Connection) -> None:
         """One round trip on ``conn``: raises if the connection is gone (a half-open one hangs: see the watchdog)."""
         conn.execute(self.q["session_ping"])

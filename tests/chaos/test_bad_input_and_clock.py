@@ -199,11 +199,13 @@ def test_odd_timezones_delays_and_deadline_rescue(pg, obs, tmp_path):
         [(reason, attempt)] = q(obs, f'SELECT reason, attempt FROM "{schema}".dlq_entries WHERE job_id = %s',
                                 (slow,))
         assert "deadline exceeded" in reason and attempt == 2, (reason, attempt)
-        # the slow job's two attempts were rescued (its DLQ record above says so); on a loaded machine a
-        # 1 ms job can outlast its heartbeat timeout too and be rescued once more: every rescued attempt
-        # ran, and check_invariants has already proved each job completed once
+        # the slow job's two attempts were rescued (its DLQ record above says so) and both ran (they
+        # hold on the gate). On a loaded machine a 1 ms job can outlast its heartbeat timeout too and
+        # be rescued once more, either while it runs or while it is still held unstarted in its
+        # claimer, which then never starts it under that lease (a drain hands it back): no rescued
+        # attempt ran twice, and check_invariants has already proved each job completed once
         assert figures["rescued_attempts"] >= 2, figures
-        assert figures["executions_of_rescued_attempts"] == figures["rescued_attempts"], figures
+        assert 2 <= figures["executions_of_rescued_attempts"] <= figures["rescued_attempts"], figures
         # each rescue came a deadline after its claim (database clock; the audit stamps the claim a few
         # ms after the claim's own now(), from which deadline_at counts: hence the 0.2 s)
         waited = q(obs, f"""SELECT x.run_lease, extract(epoch FROM x.at - c.at)::float8

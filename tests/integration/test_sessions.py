@@ -3,13 +3,14 @@ and the stored stripe count supervise reads."""
 
 from __future__ import annotations
 
+import datetime
 import time
 import uuid
 
 import psycopg
 
 from awa_fast.client import Client
-from awa_fast.storage import Storage
+from awa_fast.storage import Storage, use_raw_jsonb
 from awa_fast.storage.migrate import RingSizes, migrate
 from tests.fixtures.waiting import wait_for
 
@@ -39,6 +40,24 @@ def test_the_session_clock_and_ping(storage, conn):
         pass
     else:
         raise AssertionError("a ping on a closed connection must raise")
+
+
+def test_session_utc_loads_claimed_created_at_in_utc_at_the_same_instant(pg_dsn, storage, conn):
+    # the claim connection's created_at: built in UTC (psycopg's cheap path), never another instant
+    use_raw_jsonb(conn)
+    conn.execute("SET TimeZone TO 'America/St_Johns'")  # a named zone with a half-hour offset
+    client = Client(pg_dsn, storage.schema)
+    try:
+        client.enqueue("k", {}, queue="tzq")
+    finally:
+        client.close()
+    probe = "SELECT created_at FROM {}.ready_entries ORDER BY job_id DESC LIMIT 1"
+    before = conn.cursor(binary=True).execute(probe.format(storage.schema)).fetchone()[0]
+    assert before.utcoffset() != datetime.timedelta(0)
+    storage.session_utc(conn)
+    (snap,) = storage.lane_claim(conn, "tzq", 10)
+    assert snap.created_at.tzinfo is datetime.UTC
+    assert snap.created_at == before
 
 
 def test_the_leader_lock_is_held_by_one_session_at_a_time(pg_dsn, storage):

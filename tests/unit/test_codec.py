@@ -10,6 +10,7 @@ a missing extension fails.
 from __future__ import annotations
 
 import datetime as dt
+import gc
 import json
 import os
 import pathlib
@@ -17,10 +18,12 @@ import struct
 import subprocess
 import sys
 import types
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -28,7 +31,7 @@ from hypothesis import strategies as st
 import awa_fast
 import awa_fast._pycodec as pycodec
 from awa_fast.errors import PayloadError
-from awa_fast.jobs import CLOSURE_COMPLETED, ClaimSnapshot
+from awa_fast.jobs import CLOSURE_COMPLETED, ClaimSnapshot, Job
 
 ccodec: types.ModuleType | None
 try:
@@ -592,6 +595,73 @@ def test_c_uses_fast_snapshot_layout(c_codec: types.ModuleType) -> None:
     """If ClaimSnapshot changes shape, the C fast paths must be re-verified (they turn off)."""
     assert c_codec._fast_snapshots is True
     assert c_codec._fast_snapshot_fields is True
+
+
+# --------------------------------------------------------------------------
+# new_jobs (the claimer's dispatch)
+
+
+def _slots_of(job: Job[Any]) -> dict[str, Any]:
+    return {name: getattr(job, name) for name in Job.__slots__ if hasattr(job, name)}
+
+
+class _Holder:
+    job: Any = None
+
+
+class _SnapshotLike:
+    """Not a ClaimSnapshot: new_jobs must read it by attribute and call Job(...)."""
+
+    def __init__(self, snap: ClaimSnapshot) -> None:
+        self.__dict__.update({f: getattr(snap, f) for f in ClaimSnapshot.__struct_fields__})
+
+
+def test_new_jobs_match_the_constructor_slot_by_slot(codec: types.ModuleType) -> None:
+    class Args(msgspec.Struct):
+        n: int
+
+    runtime = object()
+    snaps = [snapshot(i, kind="typed" if i % 3 else "plain", args=b'{"n": %d}' % i) for i in range(40)]
+    types_by_kind: dict[str, type | None] = {"typed": Args, "plain": None}
+    got = codec.new_jobs(snaps, types_by_kind, runtime)
+    want = [Job(s, types_by_kind.get(s.kind), runtime) for s in snaps]
+    assert [type(j) for j in got] == [Job] * 40
+    for g, w in zip(got, want, strict=True):
+        assert _slots_of(g) == _slots_of(w)
+        assert g.snapshot is w.snapshot and g.key == (w.snapshot.job_id, w.snapshot.run_lease)
+        assert not hasattr(g, "finished_at") and not hasattr(g, "_stale") and not hasattr(g, "_task")
+    assert got[1].args == Args(1) and got[0].args == {"n": 0}  # the args type per kind, decoded lazily
+    got[0].started_at = 1.5  # an ordinary, writable Job
+    got[0].finished_at = 2.0
+    assert got[0].finished_at - got[0].started_at == 0.5
+    unknown = codec.new_jobs([snapshot(kind="other")], types_by_kind, None)[0]
+    assert unknown._args_type is None and unknown._runtime is None
+    assert codec.new_jobs(iter(snaps[:2]), types_by_kind, runtime)[1].snapshot is snaps[1]
+    assert codec.new_jobs([], types_by_kind, runtime) == []
+    (like,) = codec.new_jobs([_SnapshotLike(snaps[4])], types_by_kind, runtime)
+    assert like.key == (snaps[4].job_id, snaps[4].run_lease) and like._args_type is Args
+
+
+def test_new_jobs_references_and_collection(codec: types.ModuleType) -> None:
+    runtime = object()
+    snap = snapshot(7)
+    before_rt, before_snap = sys.getrefcount(runtime), sys.getrefcount(snap)
+    jobs = codec.new_jobs([snap] * 5, {}, runtime)
+    assert sys.getrefcount(runtime) == before_rt + 5 and sys.getrefcount(snap) == before_snap + 5
+    assert all(gc.is_tracked(j) for j in jobs)  # a cycle through a Job (job -> runtime -> job) is collectable
+    holder = _Holder()
+    holder.job = jobs[0]
+    jobs[0]._runtime = holder  # noqa: SLF001
+    ref = weakref.ref(holder)
+    del jobs, holder
+    gc.collect()
+    assert ref() is None
+    assert sys.getrefcount(runtime) == before_rt and sys.getrefcount(snap) == before_snap
+
+
+def test_c_uses_fast_job_layout(c_codec: types.ModuleType) -> None:
+    """If Job changes shape or its __init__ stores anything else, the probe turns the C path off."""
+    assert c_codec._fast_jobs is True
 
 
 # --------------------------------------------------------------------------

@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from multiprocessing import shared_memory
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from awa_fast.errors import InvalidName
 from awa_fast.runtime import shm
@@ -239,6 +241,29 @@ def test_bucket_index_edges() -> None:
     assert bucket_index(50e-6) == 0 and bucket_index(51e-6) == 1
     assert bucket_index(edges[10]) == 10 and bucket_index(edges[10] * 1.0001) == 11
     assert bucket_index(60.0) == 38 and bucket_index(61.0) == 39 == bucket_index(math.inf)
+
+
+_EDGE_SAMPLES = [*histogram.TIME_EDGES, *(e * (1 + 1e-12) for e in histogram.TIME_EDGES), 0.0, -0.0, 60.0, 61.0]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.floats(min_value=-1.0, max_value=100.0), st.sampled_from(_EDGE_SAMPLES),
+                          st.sampled_from([math.inf, -math.inf, math.nan])), max_size=60))
+def test_time_counts_bucket_every_sample_as_bucket_index_does(samples: list[float]) -> None:
+    # the sort-and-bisect tally must agree with one bucket_index per sample, edges, NaN and infinities included
+    counts, total = histogram.time_counts(samples)
+    expected = [0] * histogram.HIST_BUCKETS
+    for s in samples:
+        expected[bucket_index(s)] += 1
+    assert counts == expected
+    assert total == pytest.approx(sum(s for s in samples if 0.0 < s < math.inf), abs=1e-9)
+
+
+def test_time_counts_of_ordered_flush_samples() -> None:
+    samples = [0.0001 * i for i in range(1, 2001)]  # 0.1 ms .. 200 ms, as a flush's e2e samples arrive
+    counts, total = histogram.time_counts(samples)
+    assert sum(counts) == 2000 and total == pytest.approx(sum(samples))
+    assert counts == [sum(1 for s in samples if bucket_index(s) == i) for i in range(histogram.HIST_BUCKETS)]
 
 
 def test_percentiles_on_known_data() -> None:
