@@ -2,7 +2,7 @@
 """Set up and run awa-fast on a fresh machine, with the standard library only.
 
     python3 tools/dev.py demo     # the main job, on the embedded PostgreSQL
-    python3 tools/dev.py test     # the whole test suite, under each implementation (C, then Python)
+    python3 tools/dev.py test     # the whole test suite under each implementation (C and Python, at once)
     python3 tools/dev.py setup    # only create .venv and install
     python3 tools/dev.py lint     # ruff on the checkout, mypy --strict on the package
 
@@ -18,8 +18,11 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,18 +109,60 @@ def env_without_venv_leaks() -> dict[str, str]:
     return env
 
 
+class _Pass:
+    """One pytest session of the default run, its output copied to ours behind ``[impl] ``."""
+
+    def __init__(self, impl: str, cmd: list[str], env: dict[str, str]) -> None:
+        self.impl = impl
+        self.started = time.monotonic()
+        self.seconds = 0.0
+        self.last = "(no output)"
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, text=True, bufsize=1, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT)
+        self.reader = threading.Thread(target=self._copy, name=f"dev.py [{impl}]", daemon=True)
+        self.reader.start()
+
+    def _copy(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:  # whole lines, so the two passes interleave line by line only
+            print(f"[{self.impl}] {line}", end="", flush=True)
+            if line.strip():
+                self.last = line.strip()
+        self.proc.wait()
+        self.seconds = time.monotonic() - self.started
+
+    def wait(self) -> int:
+        self.reader.join()
+        return self.proc.wait()
+
+
 def cmd_test(extra: list[str]) -> int:
     env = env_without_venv_leaks()
     if extra:
         return run([PY, "-m", "pytest", *extra], cwd=ROOT, env=env)
-    # The whole default suite once per implementation, C first (see docs/testing.md, "The Python twin"):
-    # every test, so a new test file can never drop out of the twin's pass.
-    for impl in IMPLEMENTATIONS:
-        print(f"dev.py: the test suite with AWA_FAST_IMPL={impl}", flush=True)
-        code = run([PY, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=ROOT, env=dict(env, AWA_FAST_IMPL=impl))
-        if code != 0:
-            return code
-    return 0
+    # The whole default suite once per implementation (see docs/testing.md, "The Python twin"): every
+    # test, so a new test file can never drop out of the twin's pass. The two passes run at the same
+    # time, each its own pytest session with its own PostgreSQL and temporary directories: one pass
+    # alone leaves most of two cores idle (it waits on heartbeats, timers and subprocesses), so the
+    # pair finishes in little more than the time of one (docs/testing.md, "How the suite runs").
+    cmd = [str(PY), "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    passes: list[_Pass] = []
+    try:
+        for impl in IMPLEMENTATIONS:
+            print(f"dev.py: the test suite with AWA_FAST_IMPL={impl}, its lines behind [{impl}]", flush=True)
+            print("+ " + " ".join(cmd), flush=True)
+            passes.append(_Pass(impl, cmd, dict(env, AWA_FAST_IMPL=impl, PYTHONUNBUFFERED="1")))
+        codes = [p.wait() for p in passes]
+    except KeyboardInterrupt:
+        for p in passes:
+            if p.proc.poll() is None:
+                p.proc.send_signal(signal.SIGINT)
+        for p in passes:
+            p.proc.wait()
+        raise
+    for p, code in zip(passes, codes, strict=True):
+        print(f"dev.py: AWA_FAST_IMPL={p.impl}: exit {code} after {p.seconds:.0f} s: {p.last}", flush=True)
+    return next((code for code in codes if code), 0)
 
 
 def cmd_lint(extra: list[str]) -> int:

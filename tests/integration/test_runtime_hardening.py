@@ -139,7 +139,7 @@ def test_a_worker_thread_that_dies_anyway_stops_its_claimer_and_the_attempt_is_r
     storage.queue_configure(conn, QUEUE, heartbeat_timeout=2)
     runlog = RunLog(tmp_path / "runlog")
     with SupervisorProc(pg_dsn, schema, tmp_path, app=APP, runlog=runlog,
-                        queues=[f"{QUEUE}:stripes=1,concurrency=2"]) as sup:
+                        queues=[f"{QUEUE}:stripes=1,concurrency=2"], drain_timeout=5) as sup:
         first = sup.wait_running(1)[(QUEUE, 0)]
         killer = enqueue_one(pg_dsn, schema, "hx.kill_worker")
         job = _state(storage, conn, killer, "completed", sup, timeout=30)

@@ -53,7 +53,9 @@ def _start_long_job_on(pid: int, dsn: str, schema: str, runlog: RunLog, sup: Sup
     Short jobs of equal length run in lock step, so a claimer can be between two batches
     with no handler running; a kill then cuts nothing off. The long jobs outnumber what
     the other claimers can hold (``others_hold``: running plus buffered), so ``pid`` gets
-    some, and the kill that follows lands while one of them runs. Returns their ids.
+    some, and the kill that follows lands while one of them runs. Returns their ids. The
+    callers fix the claim size (``batch=16``: 8 running + 16 buffered = 24): an adaptive
+    claimer grows its claims on a deep backlog and could take every long job.
     """
     long_ids = set(enqueue_bulk(dsn, schema, "rt.sleep", ({"ms": 800} for _ in range(others_hold + 36))))
     wait_for(lambda: any(e["pid"] == pid and e["job"] in long_ids for e in runlog.entries("start")),
@@ -66,7 +68,7 @@ def test_kill_9_of_a_claimer_is_restarted_and_its_claims_rescued(pg_dsn, schema,
     runlog = RunLog(tmp_path / "runlog")
     n = 2000
     with SupervisorProc(pg_dsn, schema, tmp_path, runlog=runlog,
-                        queues=[f"{QUEUE}:stripes=2,concurrency=8"]) as sup:
+                        queues=[f"{QUEUE}:stripes=2,concurrency=8,batch=16"]) as sup:
         pids = sup.wait_running(2)
         ids = set(enqueue_bulk(pg_dsn, schema, "rt.sleep", ({"ms": 20} for _ in range(n))))
         victim = pids[(QUEUE, 0)]
@@ -124,7 +126,7 @@ def test_two_supervisors_one_leader_and_failover_after_kill_9(pg_dsn, schema, st
     runlog = RunLog(tmp_path / "runlog")
     n = 1500
     election = 0.5
-    spec = [f"{QUEUE}:stripes=1,concurrency=8"]
+    spec = [f"{QUEUE}:stripes=1,concurrency=8,batch=16"]
     with SupervisorProc(pg_dsn, schema, tmp_path, runlog=runlog, name="a", queues=spec,
                         election_interval=election) as a, \
             SupervisorProc(pg_dsn, schema, tmp_path, runlog=runlog, name="b", queues=spec,
