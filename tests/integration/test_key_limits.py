@@ -260,14 +260,19 @@ def test_job_list_shows_jobs_waiting_on_their_key(pg_dsn, schema, storage, conn)
     assert [j["job_id"] for j in storage.job_list(conn, queue=Q, limit=2, before_id=a[2])] == [a[1], a[0]]
 
 
-def test_dlq_retry_of_a_keyed_job_waits_for_its_keys_room(pg_dsn, schema, storage, conn):
+def _dead_letter_one(storage, conn, client):  # noqa: ANN001, ANN202
+    """A key-A job on a limit of 1, claimed and failed for good (max_attempts=1): its id and claimed lease."""
     storage.queue_key_limit_set(conn, Q, 1)
-    client = Client(pg_dsn, schema)
     dead = client.enqueue("k.work", {"i": 0}, queue=Q, concurrency_key="A", max_attempts=1)
     got, _ = _claim(storage, conn)
     assert [s.job_id for s in got] == [dead]
-    first_lease = got[0].run_lease
     assert storage.attempt_close(conn, [(got[0], 2, None, "boom")])
+    return dead, got[0].run_lease
+
+
+def test_dlq_retry_of_a_keyed_job_waits_for_its_keys_room(pg_dsn, schema, storage, conn):
+    client = Client(pg_dsn, schema)
+    dead, first_lease = _dead_letter_one(storage, conn, client)
     assert storage.job_load(conn, dead)["state"] == "dlq"
     # the next claim retires the dead job's admission; the key's next job takes the one slot
     nxt = client.enqueue("k.work", {"i": 1}, queue=Q, concurrency_key="A")
@@ -290,11 +295,8 @@ def test_dlq_retry_of_a_keyed_job_waits_for_its_keys_room(pg_dsn, schema, storag
 
 
 def test_dlq_retry_before_any_claim_keeps_the_admission_and_purge_forgets_keys(pg_dsn, schema, storage, conn):
-    storage.queue_key_limit_set(conn, Q, 1)
     client = Client(pg_dsn, schema)
-    dead = client.enqueue("k.work", {"i": 0}, queue=Q, concurrency_key="A", max_attempts=1)
-    got, _ = _claim(storage, conn)
-    assert storage.attempt_close(conn, [(got[0], 2, None, "boom")])
+    dead, _ = _dead_letter_one(storage, conn, client)
     # retried before a claim retired its admission: back in the lane, in its own slot
     assert storage.dlq_retry(conn, [dead]) == [dead]
     other = client.enqueue("k.work", {"i": 1}, queue=Q, concurrency_key="A")
@@ -313,12 +315,8 @@ def test_dlq_retry_before_any_claim_keeps_the_admission_and_purge_forgets_keys(p
 
 
 def test_removing_the_key_limit_keeps_a_retried_jobs_lease(pg_dsn, schema, storage, conn):
-    storage.queue_key_limit_set(conn, Q, 1)
     client = Client(pg_dsn, schema)
-    dead = client.enqueue("k.work", {"i": 0}, queue=Q, concurrency_key="A", max_attempts=1)
-    got, _ = _claim(storage, conn)
-    first_lease = got[0].run_lease
-    assert storage.attempt_close(conn, [(got[0], 2, None, "boom")])
+    dead, first_lease = _dead_letter_one(storage, conn, client)
     hold = client.enqueue("k.work", {"i": 1}, queue=Q, concurrency_key="A")
     running, _ = _claim(storage, conn)
     assert [s.job_id for s in running] == [hold]
