@@ -4,7 +4,7 @@
 -- tests/integration/test_schema_snapshot.py fails when it is out of date.
 -- Rings installed with 4 slots each; owners omitted; names in C order.
 
--- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits, 0013_rotation_ledger_truncate, 0014_job_enqueue_v2, 0015_done_receipts, 0016_claim_lane_runs, 0017_key_dlq_retry
+-- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits, 0013_rotation_ledger_truncate, 0014_job_enqueue_v2, 0015_done_receipts, 0016_claim_lane_runs, 0017_key_dlq_retry, 0018_dlq_retry_keys_joined
 
 
 ---------------------------------------------------------------------------
@@ -1266,9 +1266,6 @@ AS $function$
 DECLARE
     d record;
     v_queue text;
-    v_ids bigint[];
-    v_keys text[];
-    v_key text;
     v_quiet boolean;
 BEGIN
     -- The keyed queues among the entries, each under its limit lock (the keyed claim's; in queue
@@ -1280,22 +1277,20 @@ BEGIN
                    WHERE x.job_id = ANY (p_job_ids) ORDER BY x.queue LOOP
         PERFORM pg_advisory_xact_lock(__SCHEMA__.lock_key('limit'), hashtext(v_queue));
     END LOOP;
-    -- Read the kept keys before the DELETE: its statement trigger forgets them.
-    -- Index: key_dlq primary key.
-    SELECT array_agg(k.job_id), array_agg(k.ckey) INTO v_ids, v_keys
-    FROM __SCHEMA__.key_dlq k WHERE k.job_id = ANY (p_job_ids);
-    FOR d IN DELETE FROM __SCHEMA__.dlq_entries x WHERE x.job_id = ANY (p_job_ids) RETURNING * LOOP
-        v_key := NULL;
-        IF v_ids IS NOT NULL THEN
-            v_key := v_keys[array_position(v_ids, d.job_id)];
-        END IF;
-        IF v_key IS NOT NULL AND EXISTS (SELECT 1 FROM __SCHEMA__.queue_limits l
-                                         WHERE l.queue = d.queue AND l.key_max_running IS NOT NULL) THEN
+    -- Each entry with its kept key, read in the DELETE's statement (its trigger forgets the keys
+    -- at the statement's end). Index: dlq_entries primary key, key_dlq primary key.
+    FOR d IN WITH gone AS (
+                 DELETE FROM __SCHEMA__.dlq_entries x WHERE x.job_id = ANY (p_job_ids) RETURNING x.*
+             )
+             SELECT g.*, k.ckey AS kept_key FROM gone g LEFT JOIN __SCHEMA__.key_dlq k ON k.job_id = g.job_id LOOP
+        IF d.kept_key IS NOT NULL AND EXISTS (SELECT 1 FROM __SCHEMA__.queue_limits l
+                                              WHERE l.queue = d.queue AND l.key_max_running IS NOT NULL) THEN
             -- Index: key_waiting primary key (queue, ckey, seq)
-            v_quiet := NOT EXISTS (SELECT 1 FROM __SCHEMA__.key_waiting w WHERE w.queue = d.queue AND w.ckey = v_key);
+            v_quiet := NOT EXISTS (SELECT 1 FROM __SCHEMA__.key_waiting w
+                                   WHERE w.queue = d.queue AND w.ckey = d.kept_key);
             INSERT INTO __SCHEMA__.key_waiting (queue, ckey, job_id, priority, kind, args, metadata, max_attempts,
                 run_at, created_at, lease_base, errors)
-            VALUES (d.queue, v_key, d.job_id, d.priority, d.kind, d.args, d.metadata, d.max_attempts, now(),
+            VALUES (d.queue, d.kept_key, d.job_id, d.priority, d.kind, d.args, d.metadata, d.max_attempts, now(),
                 d.created_at, d.lease_base, d.errors);
             IF v_quiet THEN
                 PERFORM pg_notify(__SCHEMA__.notify_channel(), d.queue);

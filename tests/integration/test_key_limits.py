@@ -327,3 +327,21 @@ def test_removing_the_key_limit_keeps_a_retried_jobs_lease(pg_dsn, schema, stora
     back, _ = _claim(storage, conn)
     assert [s.job_id for s in back] == [dead] and back[0].run_lease > first_lease
     client.close()
+
+
+def test_one_dlq_retry_of_many_entries_gives_each_its_own_key(pg_dsn, schema, storage, conn):
+    storage.queue_key_limit_set(conn, Q, 1)
+    client = Client(pg_dsn, schema)
+    dead = {k: client.enqueue("k.work", {"k": k}, queue=Q, concurrency_key=k, max_attempts=1) for k in "ABC"}
+    plain = client.enqueue("k.work", {"plain": 1}, queue="unkeyed", max_attempts=1)
+    got, _ = _claim(storage, conn)
+    got += storage.lane_claim_result(conn, "unkeyed", 10, 0, 1)[0]
+    assert storage.attempt_close(conn, [(s, 2, None, "boom") for s in got])
+    assert _claim(storage, conn) == ([], False)  # retires the three admissions, keeping their keys
+    assert sorted(sqlx(conn, schema, "SELECT ckey FROM __SCHEMA__.key_dlq")) == [("A",), ("B",), ("C",)]
+    assert sorted(storage.dlq_retry(conn, [*dead.values(), plain])) == sorted([*dead.values(), plain])
+    for k, job_id in dead.items():
+        assert storage.job_load(conn, job_id)["concurrency_key"] == k
+    assert "concurrency_key" not in storage.job_load(conn, plain)
+    assert sqlx(conn, schema, "SELECT count(*) FROM __SCHEMA__.key_dlq") == [(0,)]
+    client.close()
