@@ -23,14 +23,25 @@ COPY_BLOCK = 1024
 
 
 def copy_blocks(rng: LaneRange, kind: str, items: Sequence[Any], metadata: bytes | None, max_attempts: int,
-                encode: Callable[[Sequence[Any]], Sequence[bytes]]) -> Iterator[bytes | memoryview]:
-    """The binary COPY stream of ``ready_entries`` rows for ``items`` in ``rng``, a block at a time.
+                encode: Callable[[Sequence[Any]], Sequence[bytes]] | None) -> Iterator[bytes | memoryview]:
+    """The binary COPY stream of ``ready_entries`` rows for ``items`` in ``rng``.
 
-    Yields the header, then the rows of each block of :data:`COPY_BLOCK`
-    items (``encode(block)`` gives their payloads, ``encode_ready_rows``
-    the rows; a view of its buffer without its own header and trailer),
-    then the trailer. Whatever ``encode`` raises propagates at that block.
+    Without ``encode``, ``items`` are encoded payloads and the stream is one
+    buffer, built before the first write (an error leaves the transaction
+    clean). With it, a block at a time: the header, then the rows of each
+    block of :data:`COPY_BLOCK` items (``encode(block)`` gives their
+    payloads, ``encode_ready_rows`` the rows; a view of its buffer without
+    its own header and trailer), then the trailer. Whatever ``encode``
+    raises propagates at that block.
     """
+    if encode is None:
+        return iter([_impl.encode_ready_rows(rng.ready_slot, rng.lane_id, rng.first_seq, kind, items, metadata, 0,
+                                             max_attempts)])
+    return _streamed_blocks(rng, kind, items, metadata, max_attempts, encode)
+
+
+def _streamed_blocks(rng: LaneRange, kind: str, items: Sequence[Any], metadata: bytes | None, max_attempts: int,
+                     encode: Callable[[Sequence[Any]], Sequence[bytes]]) -> Iterator[bytes | memoryview]:
     head, tail = len(_COPY_HEADER), len(_COPY_TRAILER)
     yield _COPY_HEADER
     for start in range(0, len(items), COPY_BLOCK):

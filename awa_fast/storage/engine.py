@@ -149,10 +149,7 @@ class Storage(KeyLimitQueries, SessionQueries):
         row = conn.execute(self.q["lane_reserve"], (queue, priority, len(args))).fetchone()
         assert row is not None
         rng = LaneRange(int(row[0]), int(row[1]), int(row[2]))
-        # encoded payloads: one buffer, built before the COPY starts (an error leaves the transaction clean)
-        blocks = (_copy_blocks(rng, kind, args, metadata, max_attempts, encode) if encode is not None else
-                  [_impl.encode_ready_rows(rng.ready_slot, rng.lane_id, rng.first_seq, kind, args, metadata, 0,
-                                           max_attempts)])
+        blocks = _copy_blocks(rng, kind, args, metadata, max_attempts, encode)
         with conn.cursor().copy(render(_READY_COPY.format(slot=int(rng.ready_slot)), self.schema)) as cp:
             for block in blocks:
                 cp.write(block)
@@ -166,9 +163,7 @@ class Storage(KeyLimitQueries, SessionQueries):
         row = await cur.fetchone()
         assert row is not None
         rng = LaneRange(int(row[0]), int(row[1]), int(row[2]))
-        blocks = (_copy_blocks(rng, kind, args, metadata, max_attempts, encode) if encode is not None else
-                  [_impl.encode_ready_rows(rng.ready_slot, rng.lane_id, rng.first_seq, kind, args, metadata, 0,
-                                           max_attempts)])
+        blocks = _copy_blocks(rng, kind, args, metadata, max_attempts, encode)
         async with conn.cursor().copy(render(_READY_COPY.format(slot=int(rng.ready_slot)), self.schema)) as cp:
             for block in blocks:
                 await cp.write(block)
