@@ -2,10 +2,11 @@
 
 Every check here runs before anything is written, so bad input raises a
 typed error and leaves the caller's transaction usable. The one exception
-in timing is a bulk enqueue's payloads: they are checked block by block
-while the earlier rows stream to PostgreSQL, so a bad one rolls back what
-that call wrote (its own savepoint or transaction) before its error is
-raised; still nothing commits and the caller's own work stays.
+in timing is a bulk enqueue of more than ``COPY_BLOCK`` (1,024) rows: its
+payloads are checked block by block while the earlier rows stream to
+PostgreSQL, so a bad one rolls back what that call wrote (its own savepoint
+or transaction) before its error is raised; still nothing commits and the
+caller's own work stays.
 """
 
 from __future__ import annotations
