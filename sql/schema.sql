@@ -1424,14 +1424,38 @@ END $function$;
 
 CREATE OR REPLACE FUNCTION __SCHEMA__.job_done_compact(p_job_id bigint, p_ready_slot integer DEFAULT NULL::integer)
  RETURNS boolean
- LANGUAGE sql
+ LANGUAGE plpgsql
  STABLE
+ SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
-    SELECT EXISTS (
+BEGIN
+    IF p_job_id < 1099511627776 THEN
+        IF p_ready_slot IS NULL THEN
+            RETURN EXISTS (
+                SELECT 1 FROM __SCHEMA__.ready_entries e
+                WHERE e.job_id = p_job_id AND e.job_id <> ((e.lane_id::bigint << 40) | e.lane_seq)
+                  AND __SCHEMA__.done_receipt_at(e.ready_slot, e.lane_id, e.lane_seq, e.job_id, e.lease_base + 1)
+                      IS NOT NULL);
+        END IF;
+        RETURN EXISTS (
+            SELECT 1 FROM __SCHEMA__.ready_entries e
+            WHERE e.job_id = p_job_id AND e.job_id <> ((e.lane_id::bigint << 40) | e.lane_seq)
+              AND e.ready_slot = p_ready_slot
+              AND __SCHEMA__.done_receipt_at(e.ready_slot, e.lane_id, e.lane_seq, e.job_id, e.lease_base + 1)
+                  IS NOT NULL);
+    END IF;
+    IF p_ready_slot IS NULL THEN
+        RETURN EXISTS (
+            SELECT 1 FROM __SCHEMA__.ready_rows_of(p_job_id) e
+            WHERE __SCHEMA__.done_receipt_at(e.ready_slot, e.lane_id, e.lane_seq, e.job_id, e.lease_base + 1)
+                  IS NOT NULL);
+    END IF;
+    RETURN EXISTS (
         SELECT 1 FROM __SCHEMA__.ready_rows_of(p_job_id) e
-        WHERE e.job_id = p_job_id AND (p_ready_slot IS NULL OR e.ready_slot = p_ready_slot)
-          AND __SCHEMA__.done_receipt_at(e.ready_slot, e.lane_id, e.lane_seq, e.job_id, e.lease_base + 1) IS NOT NULL)
-$function$;
+        WHERE e.ready_slot = p_ready_slot
+          AND __SCHEMA__.done_receipt_at(e.ready_slot, e.lane_id, e.lane_seq, e.job_id, e.lease_base + 1)
+              IS NOT NULL);
+END $function$;
 
 CREATE OR REPLACE FUNCTION __SCHEMA__.job_enqueue(p_queue text, p_priority integer, p_kind text, p_args jsonb, p_metadata jsonb, p_max_attempts integer, p_run_at timestamp with time zone)
  RETURNS bigint
@@ -2977,7 +3001,8 @@ CREATE OR REPLACE FUNCTION __SCHEMA__.ready_rows_of(p_job_id bigint)
  STABLE
 AS $function$
     SELECT e.* FROM __SCHEMA__.ready_entries e
-    WHERE e.lane_id = (p_job_id >> 40)::int AND e.lane_seq = (p_job_id & 1099511627775) AND e.job_id = p_job_id
+    WHERE p_job_id >= 1099511627776
+      AND e.lane_id = (p_job_id >> 40)::int AND e.lane_seq = (p_job_id & 1099511627775) AND e.job_id = p_job_id
     UNION ALL
     SELECT e.* FROM __SCHEMA__.ready_entries e
     WHERE e.job_id = p_job_id AND e.job_id <> ((e.lane_id::bigint << 40) | e.lane_seq)
