@@ -278,3 +278,215 @@ def new_jobs(snapshots, args_types, runtime):
         Py_INCREF(job)
         PyList_SET_ITEM(out, i, job)
     return out
+
+
+# --------------------------------------------------------------------------
+# The claim's rows as one binary COPY stream: decode_copy_snapshots.
+#
+# The stream is what ``COPY (SELECT <the 18 ClaimSnapshot columns> FROM claim_batch_v3(...)) TO
+# STDOUT (FORMAT binary)`` sends. Each field becomes the object the claim connection's binary
+# cursor gives for it (int8/int4 -> int, text -> str, jsonb -> raw JSON bytes without the version
+# byte, timestamptz -> datetime in UTC, NULL -> None), and each row a ClaimSnapshot (slots filled
+# directly when the layout probe agreed). Equal consecutive created_at, queue and kind values share
+# one object, as a claim's rows mostly do. Same checks, order and messages as the Python twin.
+
+from cpython.buffer cimport PyBUF_SIMPLE, PyObject_GetBuffer, PyBuffer_Release
+from cpython.datetime cimport datetime_new, import_datetime
+from cpython.long cimport PyLong_FromLong, PyLong_FromLongLong
+from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
+from cpython.unicode cimport PyUnicode_DecodeUTF8
+from libc.stdint cimport int16_t, int32_t, uint64_t
+from libc.string cimport memcmp
+
+import datetime as _datetime
+
+import_datetime()
+_UTC = _datetime.timezone.utc
+
+cdef enum:
+    _K_I8 = 0
+    _K_I4 = 1
+    _K_TEXT = 2
+    _K_JSONB = 3
+    _K_TSTZ = 4
+    _SNAP_COLUMNS = 18
+
+cdef int[18] _SNAP_KINDS = [_K_I8, _K_I4, _K_I4, _K_I4, _K_TEXT, _K_TEXT, _K_I4, _K_JSONB, _K_JSONB,
+                            _K_I4, _K_I4, _K_I8, _K_I4, _K_I8, _K_TSTZ, _K_JSONB, _K_JSONB, _K_JSONB]
+cdef int64_t _TS_MIN = -63082281600000000  # 0001-01-01 00:00:00 UTC, in us from 2000-01-01
+cdef int64_t _TS_MAX = 252455615999999999  # 9999-12-31 23:59:59.999999 UTC
+cdef int64_t _US_PER_DAY = 86400000000
+
+
+cdef inline int32_t _get_i32(const unsigned char* p) noexcept nogil:
+    return <int32_t>((<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8) | <uint32_t>p[3])
+
+
+cdef inline int64_t _get_i64(const unsigned char* p) noexcept nogil:
+    return <int64_t>((<uint64_t>_get_i32(p) << 32) | <uint32_t>_get_i32(p + 4))
+
+
+cdef inline object _malformed(str what):
+    return ValueError(f"malformed claim COPY stream: {what}")
+
+
+cdef object _utc_datetime(int64_t micros):
+    """The timestamptz ``micros`` (us from 2000-01-01 UTC, in range) as an aware datetime in UTC."""
+    cdef int64_t days = micros // _US_PER_DAY
+    cdef int64_t rem = micros - days * _US_PER_DAY
+    if rem < 0:  # C division truncates toward zero
+        days -= 1
+        rem += _US_PER_DAY
+    # civil date from a day count (days since 0000-03-01, proleptic Gregorian)
+    cdef int64_t z = days + 10957 + 719468
+    cdef int64_t era = (z if z >= 0 else z - 146096) // 146097
+    cdef int64_t doe = z - era * 146097
+    cdef int64_t yoe = (doe - doe // 1460 + doe // 36524 - doe // 146096) // 365
+    cdef int64_t doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
+    cdef int64_t mp = (5 * doy + 2) // 153
+    cdef int day = <int>(doy - (153 * mp + 2) // 5 + 1)
+    cdef int month = <int>(mp + 3 if mp < 10 else mp - 9)
+    cdef int year = <int>(yoe + era * 400 + (1 if month <= 2 else 0))
+    cdef int64_t secs = rem // 1000000
+    return datetime_new(year, month, day, <int>(secs // 3600), <int>((secs // 60) % 60), <int>(secs % 60),
+                        <int>(rem % 1000000), _UTC)
+
+
+def decode_copy_snapshots(data):
+    """The snapshots of a claim's binary COPY stream, and whether it ended with the backlog marker.
+
+    The same snapshots as ``decode_snapshots`` over the claim's rows fetched by
+    a binary cursor with the raw-jsonb loader, after the marker row (job_id
+    NULL, last) is taken off: ``(snapshots, marker_seen)``. A stream that is not
+    a complete binary COPY of the claim's 18 columns raises ``ValueError``.
+    """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"data must be a bytes-like object, not {type(data).__name__}")
+    cdef Py_buffer view
+    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+    try:
+        return _decode_copy(<const unsigned char*>view.buf, view.len)
+    finally:
+        PyBuffer_Release(&view)
+
+
+cdef tuple _decode_copy(const unsigned char* buf, Py_ssize_t end):
+    cdef Py_ssize_t pos, size, row_no, col, k
+    cdef bint marker
+    cdef int32_t flags, ext, nfields
+    cdef int kind
+    cdef int64_t micros, last_ts = 0
+    cdef bint have_ts = False
+    cdef const unsigned char* text_at[2]
+    cdef Py_ssize_t text_len[2]
+    cdef list out = []
+    cdef tuple row
+    cdef object value, snap, last_claim_obj = None
+    cdef char* base = NULL
+    cdef PyObject** slot
+    cdef int64_t v8, last_claim_id = 0
+    cdef bint have_claim_id = False
+    cdef object last_dt = None
+    cdef list last_text = [None, None]
+    text_at[0] = text_at[1] = NULL
+    text_len[0] = text_len[1] = -1
+    if end < 19 or memcmp(buf, _HEADER, 11) != 0:
+        raise _malformed("no binary COPY header")
+    flags = _get_i32(buf + 11)
+    if flags & <int32_t>0xFFFF0000:  # bits 16-31: OIDs or a critical flag this reader does not know
+        raise _malformed(f"header flags 0x{<uint32_t>flags:08x}")
+    ext = _get_i32(buf + 15)
+    if ext < 0 or ext > end - 19:
+        raise _malformed("truncated header extension")
+    pos = 19 + ext
+    while True:
+        if pos + 2 > end:
+            raise _malformed(f"truncated at byte {pos}")
+        nfields = <int16_t>((<uint16_t>buf[pos] << 8) | buf[pos + 1])
+        pos += 2
+        if nfields == -1:
+            break
+        row_no = len(out)
+        if nfields != _SNAP_COLUMNS:
+            raise _malformed(f"row {row_no} has {nfields} fields, expected {<int>_SNAP_COLUMNS}")
+        if _snap_build_ok:  # the snapshot itself, its slots filled as the fields are read
+            snap = <object>PyType_GenericAlloc(_snap_type, 0)
+            Py_XDECREF(<PyObject*>snap)  # (GenericAlloc's reference; ``snap`` holds its own)
+            base = <char*><PyObject*>snap
+            for col in range(_SNAP_COLUMNS):
+                Py_INCREF(None)
+                (<PyObject**>(base + _snap_off[col]))[0] = <PyObject*>None
+            row = None
+        else:
+            row = PyTuple_New(_SNAP_COLUMNS)
+        for col in range(_SNAP_COLUMNS):
+            kind = _SNAP_KINDS[col]
+            if pos + 4 > end:
+                raise _malformed(f"truncated at byte {pos}")
+            size = _get_i32(buf + pos)
+            pos += 4
+            if size == -1:
+                value = None
+            else:
+                if size < 0 or size > end - pos:
+                    raise _malformed(f"row {row_no} column {col}: length {size} at byte {pos - 4}")
+                if kind == _K_I4:
+                    if size != 4:
+                        raise _malformed(f"row {row_no} column {col}: length {size}, expected 4")
+                    value = PyLong_FromLong(_get_i32(buf + pos))
+                elif kind == _K_I8:
+                    if size != 8:
+                        raise _malformed(f"row {row_no} column {col}: length {size}, expected 8")
+                    v8 = _get_i64(buf + pos)
+                    if col == 13 and have_claim_id and v8 == last_claim_id:  # one receipt per claim call
+                        value = last_claim_obj
+                    else:
+                        value = PyLong_FromLongLong(v8)
+                        if col == 13:
+                            last_claim_obj = value
+                            last_claim_id = v8
+                            have_claim_id = True
+                elif kind == _K_TEXT:
+                    k = col - 4  # queue, kind
+                    if text_len[k] == size and memcmp(text_at[k], buf + pos, size) == 0:
+                        value = last_text[k]
+                    else:
+                        value = PyUnicode_DecodeUTF8(<const char*>(buf + pos), size, NULL)
+                        last_text[k] = value
+                        text_at[k] = buf + pos
+                        text_len[k] = size
+                elif kind == _K_JSONB:
+                    # the version byte, then the JSON text (as storage.types' raw loader)
+                    value = PyBytes_FromStringAndSize(<const char*>(buf + pos + 1), size - 1) if size else b""
+                else:
+                    if size != 8:
+                        raise _malformed(f"row {row_no} column {col}: length {size}, expected 8")
+                    micros = _get_i64(buf + pos)
+                    if not have_ts or micros != last_ts:
+                        if micros < _TS_MIN or micros > _TS_MAX:
+                            raise _malformed(
+                                f"row {row_no} column {col}: timestamp {micros} is outside datetime's range")
+                        last_dt = _utc_datetime(micros)
+                        last_ts = micros
+                        have_ts = True
+                    value = last_dt
+                pos += size
+            if row is None:
+                if value is not None:
+                    slot = <PyObject**>(base + _snap_off[col])
+                    Py_INCREF(value)
+                    Py_XDECREF(slot[0])
+                    slot[0] = <PyObject*>value
+            else:
+                Py_INCREF(value)
+                PyTuple_SET_ITEM(row, col, value)
+        if row is None:
+            out.append(snap)
+        else:
+            out.append(ClaimSnapshot(*row))
+    if pos != end:
+        raise _malformed(f"{end - pos} bytes after the trailer")
+    marker = len(out) > 0 and _snap_field(out[len(out) - 1], _off_job_id, "job_id") is None
+    if marker:
+        out.pop()
+    return out, marker

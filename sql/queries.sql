@@ -40,6 +40,13 @@ SELECT job_id, run_lease, attempt, max_attempts, queue, kind, priority, args, me
        lane_id, lane_seq, claim_slot, claim_id, created_at, errors, callback_result, progress
 FROM __SCHEMA__.claim_batch_v3(%s::text, %s::int, %s::int, %s::int)
 
+-- name: lane_claim_copy
+-- The rows of lane_claim as one binary COPY (awa_fast/storage/claim_copy.py decodes it); COPY takes no
+-- parameters, so the four placeholders (queue, limit, stripe, stripes) are bound as quoted literals.
+COPY (SELECT job_id, run_lease, attempt, max_attempts, queue, kind, priority, args, metadata, ready_slot,
+       lane_id, lane_seq, claim_slot, claim_id, created_at, errors, callback_result, progress
+      FROM __SCHEMA__.claim_batch_v3({}::text, {}::int, {}::int, {}::int)) TO STDOUT (FORMAT binary)
+
 -- name: receipt_guard
 -- Lock the receipts of a completion batch; returns what in them is no longer open (job_id NULL: all of it).
 SELECT claim_id, job_id, run_lease FROM __SCHEMA__.receipt_guard(%s::int[], %s::bigint[])
@@ -484,6 +491,13 @@ SELECT job_id, run_lease, attempt, max_attempts, queue, kind, priority, args, me
        lane_id, lane_seq, claim_slot, claim_id, created_at, errors, callback_result, progress
 FROM __SCHEMA__.lane_claim_limited(%s::text, %s::int, %s::int, %s::int)
 
+-- name: lane_claim_limited_copy
+-- The rows of lane_claim_limited as one binary COPY (awa_fast/storage/claim_copy.py decodes it); COPY takes no
+-- parameters, so the four placeholders (queue, limit, stripe, stripes) are bound as quoted literals.
+COPY (SELECT job_id, run_lease, attempt, max_attempts, queue, kind, priority, args, metadata, ready_slot,
+       lane_id, lane_seq, claim_slot, claim_id, created_at, errors, callback_result, progress
+      FROM __SCHEMA__.lane_claim_limited({}::text, {}::int, {}::int, {}::int)) TO STDOUT (FORMAT binary)
+
 -- name: queue_limits_get
 -- The flow-control settings of one queue (no row: no limit). Primary key probe; read by claimers every few s.
 SELECT max_running, rate_count, rate_per, rate_burst FROM __SCHEMA__.queue_limits WHERE queue = %s
@@ -612,6 +626,13 @@ SELECT __SCHEMA__.job_enqueue_keyed_many(%s::text, %s::int, %s::text, %s::jsonb[
 SELECT job_id, run_lease, attempt, max_attempts, queue, kind, priority, args, metadata, ready_slot,
        lane_id, lane_seq, claim_slot, claim_id, created_at, errors, callback_result, progress
 FROM __SCHEMA__.lane_claim_keyed_v2(%s::text, %s::int, %s::int, %s::int)
+
+-- name: lane_claim_keyed_copy
+-- The rows of lane_claim_keyed as one binary COPY (awa_fast/storage/claim_copy.py decodes it); COPY takes no
+-- parameters, so the four placeholders (queue, limit, stripe, stripes) are bound as quoted literals.
+COPY (SELECT job_id, run_lease, attempt, max_attempts, queue, kind, priority, args, metadata, ready_slot,
+       lane_id, lane_seq, claim_slot, claim_id, created_at, errors, callback_result, progress
+      FROM __SCHEMA__.lane_claim_keyed_v2({}::text, {}::int, {}::int, {}::int)) TO STDOUT (FORMAT binary)
 
 -- name: queue_limits_read
 -- Every flow-control setting of one queue, the key limit too (primary key probe; claimers, every few s).

@@ -30,6 +30,7 @@ from awa_fast import _impl
 from awa_fast.errors import ConfigError, SchemaNotMigrated, SchemaTooNew
 from awa_fast.jobs import ClaimSnapshot
 from awa_fast.limits import KEEP as _LIMIT_KEEP
+from awa_fast.storage.claim_read import claim_read
 from awa_fast.storage.connection import clean_text
 from awa_fast.storage.copy_rows import copy_blocks as _copy_blocks
 from awa_fast.storage.copy_rows import encode_done_result_rows
@@ -239,13 +240,7 @@ class Storage(KeyLimitQueries, SessionQueries):
         only because another claimer held a lane head that has work: claim
         again soon rather than wait for a NOTIFY.
         """
-        cur = conn.cursor(binary=True)  # binary results: C loaders for ints and timestamps
-        cur.execute(self.q["lane_claim"], (queue, limit, stripe, stripes))
-        rows = cur.fetchall()
-        lane_busy = bool(rows) and rows[-1][0] is None
-        if lane_busy:
-            rows.pop()
-        return _impl.decode_snapshots(rows), lane_busy
+        return claim_read(conn, self.q["lane_claim"], self.q["lane_claim_copy"], queue, limit, stripe, stripes)
 
     # -- completion -----------------------------------------------------------
 
@@ -878,13 +873,8 @@ class Storage(KeyLimitQueries, SessionQueries):
         the second value is also True when a limit (not the lack of work) made
         the claim short, so the claimer comes back after its busy pause.
         """
-        cur = conn.cursor(binary=True)
-        cur.execute(self.q["lane_claim_limited"], (queue, limit, stripe, stripes))
-        rows = cur.fetchall()
-        more = bool(rows) and rows[-1][0] is None
-        if more:
-            rows.pop()
-        return _impl.decode_snapshots(rows), more
+        return claim_read(conn, self.q["lane_claim_limited"], self.q["lane_claim_limited_copy"], queue, limit,
+                          stripe, stripes)
 
     def queue_limits_get(self, conn: psycopg.Connection, queue: str) -> QueueLimits | None:
         """The queue's flow-control settings, or None when it has none (one primary-key probe)."""
