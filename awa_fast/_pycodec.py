@@ -448,7 +448,7 @@ _SNAP_KINDS = (_I8, _I4, _I4, _I4, _TEXT, _TEXT, _I4, _JSONB, _JSONB, _I4, _I4, 
                _JSONB, _JSONB, _JSONB)
 _SNAP_COLUMNS = len(_SNAP_KINDS)
 _COPY_SIGNATURE = COPY_HEADER[:11]
-_PG_EPOCH = _dt.datetime(2000, 1, 1, tzinfo=_dt.timezone.utc)
+_PG_EPOCH = _dt.datetime(2000, 1, 1, tzinfo=_dt.UTC)
 _TS_MIN = -63082281600000000  # 0001-01-01 00:00:00 UTC, in us from 2000-01-01
 _TS_MAX = 252455615999999999  # 9999-12-31 23:59:59.999999 UTC
 _I16 = struct.Struct(">h")

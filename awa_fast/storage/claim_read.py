@@ -104,10 +104,10 @@ def claim_copy(conn: psycopg.Connection, query: str, queue: str, limit: int, str
 def copy_out(conn: psycopg.Connection, statement: bytes) -> bytes:
     """The whole stream of a binary ``COPY ... TO STDOUT``, once the COPY has ended without error."""
     get = conn.pgconn.get_copy_data
-    chunks: list[bytes | memoryview] = []
+    chunks: list[bytes | bytearray | memoryview] = []
     ended = False
     with conn.cursor() as cur, cur.copy(statement) as cp:
-        data: bytes | memoryview = cp.read()  # waits; raises what the statement raised
+        data: bytes | bytearray | memoryview = cp.read()  # waits; raises what the statement raised
         while data:
             chunks.append(data)
             if (len(data) == 2 and data == _TRAILER) or (len(chunks) == 1 and data == _EMPTY_STREAM):

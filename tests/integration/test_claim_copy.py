@@ -18,10 +18,10 @@ import psycopg
 import pytest
 
 from awa_fast.jobs import ClaimSnapshot
+from awa_fast.runtime.watchdog import shutdown_socket
 from awa_fast.storage import Storage, use_raw_jsonb
 from awa_fast.storage.claim_read import CLAIM_COPY_MIN_ROWS, claim_copy, claim_rows, claim_statement, copy_out
 from awa_fast.storage.types import CLOSE_RETRY
-from awa_fast.runtime.watchdog import shutdown_socket
 from tests.fixtures.database import connect, sqlx
 from tests.fixtures.waiting import wait_for
 from tests.integration.storage_helpers import claim, client, enqueue, make_due, raw
@@ -42,6 +42,14 @@ def _codecs() -> list[object]:
 def _same(snaps: list[ClaimSnapshot]) -> list[ClaimSnapshot]:
     """Snapshots with claim_id zeroed: a rolled-back claim still used its claim_id from the sequence."""
     return [msgspec.structs.replace(s, claim_id=0) for s in snaps]
+
+
+def _last_statement(pg_dsn: str, conn: psycopg.Connection) -> str:
+    """The statement ``conn``'s backend ran last, as another session sees it (pg_stat_activity)."""
+    with psycopg.connect(pg_dsn, autocommit=True) as other:
+        row = other.execute("SELECT query FROM pg_stat_activity WHERE pid = %s", (conn.info.backend_pid,)).fetchone()
+    assert row is not None
+    return str(row[0])
 
 
 def _varied_jobs(schema: str, storage: Storage, conn: psycopg.Connection) -> list[int]:
@@ -109,11 +117,14 @@ def test_big_claims_take_the_copy_and_commit(pg_dsn, schema, storage, conn):
     with connect(pg_dsn, schema, tag="watcher") as watcher:
         snaps, more = storage.lane_claim_result(conn, Q, BIG)
         assert len(snaps) == BIG and more is False
+        assert "COPY (SELECT" in _last_statement(pg_dsn, conn)
         # committed (autocommit: the COPY is its own transaction): another session sees the receipt
         (held,) = sqlx(watcher, schema, "SELECT count(*) FROM __SCHEMA__.lease_claims").fetchone()
         assert held == 1
-    rest, more = storage.lane_claim_result(conn, Q, BIG)
+    rest, more = storage.lane_claim_result(conn, Q, BIG - 1)  # below the threshold: the row path
     assert len(rest) == 10 and more is False
+    last = _last_statement(pg_dsn, conn)
+    assert "claim_batch_v3(" in last and "COPY" not in last
     assert not {s.job_id for s in snaps} & {s.job_id for s in rest}
     assert storage.lane_claim_result(conn, Q, BIG) == ([], False)
 
@@ -141,6 +152,7 @@ def test_limited_and_keyed_claims_take_the_copy(pg_dsn, schema, storage, conn):
         rows = claim_rows(tx, storage.q["lane_claim_limited"], Q, BIG, 0, 1)
         tx.rollback()
         copied = storage.lane_claim_limited_result(tx, Q, BIG)
+        assert "COPY (SELECT" in _last_statement(pg_dsn, tx)
         tx.rollback()
     assert len(rows[0]) == 12 and rows[1] is True  # the limit cut the claim short while work remains
     assert (_same(copied[0]), copied[1]) == (_same(rows[0]), rows[1])
@@ -155,6 +167,7 @@ def test_limited_and_keyed_claims_take_the_copy(pg_dsn, schema, storage, conn):
         rows = claim_rows(tx, storage.q["lane_claim_keyed"], keyed, BIG, 0, 1)
         tx.rollback()
         copied = storage.lane_claim_keyed_result(tx, keyed, BIG)
+        assert "COPY (SELECT" in _last_statement(pg_dsn, tx)
         tx.rollback()
     assert len(rows[0]) == 3  # one per key
     # (the rolled-back admission's lane came from a sequence too: a new lane_id the second time)
