@@ -31,7 +31,6 @@ __all__ = [
     "IMPL",
     "Codec",
     "check_payload",
-    "decode_copy_snapshots",
     "decode_snapshots",
     "dump_payloads",
     "encode_closure_rows",
@@ -75,8 +74,6 @@ class Codec(Protocol):
     def encode_closure_rows(self, snapshots: Sequence[ClaimSnapshot], outcome: int) -> bytes: ...
 
     def decode_snapshots(self, rows: Iterable[Sequence[Any]]) -> list[ClaimSnapshot]: ...
-
-    def decode_copy_snapshots(self, data: bytes | bytearray | memoryview) -> tuple[list[ClaimSnapshot], bool]: ...
 
     def new_jobs(self, snapshots: Sequence[ClaimSnapshot], args_types: dict[str, type | None],
                  runtime: Any) -> list[Job[Any]]: ...
@@ -130,5 +127,4 @@ encode_ready_rows = _codec_api.encode_ready_rows
 encode_done_rows = _codec_api.encode_done_rows
 encode_closure_rows = _codec_api.encode_closure_rows
 decode_snapshots = _codec_api.decode_snapshots
-decode_copy_snapshots = _codec_api.decode_copy_snapshots
 new_jobs = _codec_api.new_jobs

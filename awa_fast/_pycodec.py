@@ -33,7 +33,6 @@ Decisions shared with the C module (keep the two in step):
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import re
 import struct
@@ -51,7 +50,6 @@ __all__ = [
     "COPY_TRAILER",
     "MAX_DEPTH_LIMIT",
     "check_payload",
-    "decode_copy_snapshots",
     "decode_snapshots",
     "dump_payloads",
     "encode_closure_rows",
@@ -435,111 +433,6 @@ def encode_closure_rows(snapshots: Sequence[ClaimSnapshot], outcome: int) -> byt
 def decode_snapshots(rows: Iterable[Sequence[Any]]) -> list[ClaimSnapshot]:
     """``[ClaimSnapshot(*row) for row in rows]``: rows in ClaimSnapshot field order."""
     return [ClaimSnapshot(*row) for row in rows]
-
-
-# The claim's rows as one binary COPY stream (``COPY (SELECT ... FROM claim_batch_v3(...)) TO STDOUT
-# (FORMAT binary)``): 18 columns in ClaimSnapshot field order, each decoded as the claim
-# connection's binary cursor decodes it (int8/int4 -> int, text -> str, jsonb -> the raw JSON text
-# without its version byte, as storage.types' raw-jsonb loader gives it, timestamptz -> an aware
-# datetime in UTC; NULL -> None), then possibly the backlog marker (a last row whose job_id is NULL).
-
-_I8, _I4, _TEXT, _JSONB, _TSTZ = 0, 1, 2, 3, 4
-_SNAP_KINDS = (_I8, _I4, _I4, _I4, _TEXT, _TEXT, _I4, _JSONB, _JSONB, _I4, _I4, _I8, _I4, _I8, _TSTZ,
-               _JSONB, _JSONB, _JSONB)
-_SNAP_COLUMNS = len(_SNAP_KINDS)
-_COPY_SIGNATURE = COPY_HEADER[:11]
-_PG_EPOCH = _dt.datetime(2000, 1, 1, tzinfo=_dt.UTC)
-_TS_MIN = -63082281600000000  # 0001-01-01 00:00:00 UTC, in us from 2000-01-01
-_TS_MAX = 252455615999999999  # 9999-12-31 23:59:59.999999 UTC
-_I16 = struct.Struct(">h")
-_I64 = struct.Struct(">q")
-_WIDTH = {_I8: 8, _I4: 4, _TSTZ: 8}
-
-
-def _malformed(what: str) -> ValueError:
-    return ValueError(f"malformed claim COPY stream: {what}")
-
-
-def decode_copy_snapshots(data: bytes | bytearray | memoryview) -> tuple[list[ClaimSnapshot], bool]:
-    """The snapshots of a claim's binary COPY stream, and whether it ended with the backlog marker.
-
-    The same snapshots as ``decode_snapshots`` over the claim's rows fetched by
-    a binary cursor with the raw-jsonb loader, after the marker row (job_id
-    NULL, last) is taken off: ``(snapshots, marker_seen)``. A stream that is not
-    a complete binary COPY of the claim's 18 columns raises ``ValueError``.
-    """
-    if type(data) is not bytes:
-        if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise TypeError(f"data must be a bytes-like object, not {type(data).__name__}")
-        data = bytes(data)
-    end = len(data)
-    if end < 19 or data[:11] != _COPY_SIGNATURE:
-        raise _malformed("no binary COPY header")
-    flags = _I32.unpack_from(data, 11)[0]
-    if flags & -65536:  # bits 16-31: OIDs or a critical flag this reader does not know
-        raise _malformed(f"header flags 0x{flags & 0xFFFFFFFF:08x}")
-    ext = _I32.unpack_from(data, 15)[0]
-    if ext < 0 or ext > end - 19:
-        raise _malformed("truncated header extension")
-    pos = 19 + ext
-    rows: list[list[Any]] = []
-    last_ts = None
-    last_dt: _dt.datetime | None = None
-    texts: dict[bytes, str] = {}  # queue/kind: one str per distinct value of the stream
-    while True:
-        if pos + 2 > end:
-            raise _malformed(f"truncated at byte {pos}")
-        nfields = _I16.unpack_from(data, pos)[0]
-        pos += 2
-        if nfields == -1:
-            break
-        row_no = len(rows)
-        if nfields != _SNAP_COLUMNS:
-            raise _malformed(f"row {row_no} has {nfields} fields, expected {_SNAP_COLUMNS}")
-        row: list[Any] = []
-        for col, kind in enumerate(_SNAP_KINDS):
-            if pos + 4 > end:
-                raise _malformed(f"truncated at byte {pos}")
-            size = _I32.unpack_from(data, pos)[0]
-            pos += 4
-            if size == -1:
-                row.append(None)
-                continue
-            if size < 0 or size > end - pos:
-                raise _malformed(f"row {row_no} column {col}: length {size} at byte {pos - 4}")
-            width = _WIDTH.get(kind)
-            if width is not None and size != width:
-                raise _malformed(f"row {row_no} column {col}: length {size}, expected {width}")
-            if kind == _I4:
-                row.append(_I32.unpack_from(data, pos)[0])
-            elif kind == _I8:
-                row.append(_I64.unpack_from(data, pos)[0])
-            elif kind == _TEXT:
-                raw = data[pos:pos + size]
-                text = texts.get(raw)
-                if text is None:
-                    text = raw.decode("utf-8")
-                    if len(texts) < 16:
-                        texts[raw] = text
-                row.append(text)
-            elif kind == _JSONB:
-                row.append(data[pos + 1:pos + size])  # the version byte, then the JSON text
-            else:
-                micros = _I64.unpack_from(data, pos)[0]
-                if micros != last_ts:
-                    if not _TS_MIN <= micros <= _TS_MAX:
-                        raise _malformed(f"row {row_no} column {col}: timestamp {micros} is outside datetime's range")
-                    last_dt = _PG_EPOCH + _dt.timedelta(microseconds=micros)
-                    last_ts = micros
-                row.append(last_dt)
-            pos += size
-        rows.append(row)
-    if pos != end:
-        raise _malformed(f"{end - pos} bytes after the trailer")
-    marker = bool(rows) and rows[-1][0] is None
-    if marker:
-        rows.pop()
-    return [ClaimSnapshot(*row) for row in rows], marker
 
 
 def new_jobs(snapshots: Sequence[ClaimSnapshot], args_types: dict[str, type | None],

@@ -44,7 +44,6 @@ __all__ = [
     "COPY_TRAILER",
     "MAX_DEPTH_LIMIT",
     "check_payload",
-    "decode_copy_snapshots",
     "decode_snapshots",
     "dump_payloads",
     "encode_closure_rows",

@@ -11,10 +11,12 @@ the COPY path (``claim_copy``) block by block, the order flipped every round:
 * ``drain``: claims of ``--batch`` rows out of a deep backlog (committed,
   autocommit, as the claimer runs them); per job: the claiming thread's CPU
   (``time.thread_time``: Python, psycopg, libpq and the kernel's socket reads)
-  and the wall time of the call.
+  and the wall time of the call; the server's execution time (pg_stat_statements) and its backend's
+  CPU (``/proc/PID/schedstat``, the server is local) per job.
 * ``idle``: one job enqueued, then one claim asking for ``--idle-limit`` rows
-  (the claimer's floor size) that returns it; per call: wall time, client CPU
-  and the server's execution time from pg_stat_statements (track = top).
+  (the claimer's floor size) that returns it; per call: wall time, client CPU,
+  the server's execution time from pg_stat_statements (track = top) and the
+  claiming backend's CPU (the enqueues run on the client's own connection).
 """
 
 from __future__ import annotations
@@ -55,6 +57,15 @@ def server(home: pathlib.Path) -> str:
     return dsn
 
 
+def backend_cpu_s(pid: int) -> float:
+    """CPU time of a local server backend so far (/proc/PID/schedstat: ns on CPU), or NaN if unreadable."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as f:
+            return int(f.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--home", type=pathlib.Path, required=True)
@@ -89,9 +100,12 @@ def main() -> None:
     cpu: dict[str, list[float]] = {k: [] for k in arms}
     wall: dict[str, list[float]] = {k: [] for k in arms}
     dsrv: dict[str, list[float]] = {k: [] for k in arms}
+    bcpu: dict[str, list[float]] = {k: [] for k in arms}
+    backend = conn.info.backend_pid
     for r in range(a.rounds):
         for name in (("rows", "copy") if r % 2 == 0 else ("copy", "rows")):
             conn.execute("SELECT pg_stat_statements_reset()")
+            b0 = backend_cpu_s(backend)
             for _ in range(a.per_block):
                 c0, w0 = time.thread_time(), time.perf_counter()
                 snaps, _ = arms[name](a.batch)
@@ -99,13 +113,14 @@ def main() -> None:
                 assert len(snaps) == a.batch, len(snaps)
                 cpu[name].append((c1 - c0) / a.batch * 1e6)
                 wall[name].append((w1 - w0) / a.batch * 1e6)
+            bcpu[name].append((backend_cpu_s(backend) - b0) / (a.per_block * a.batch) * 1e6)
             row = conn.execute(server_q, (pattern[name], name == "copy")).fetchone()
             dsrv[name].append(float(row[0]) / a.batch if row and row[0] is not None else float("nan"))
     print(f"drain, claims of {a.batch} (load {os.getloadavg()[0]:.2f}): per job, median of "
           f"{a.rounds * a.per_block} claims")
     for name in arms:
         print(f"  {name}: client CPU {statistics.median(cpu[name]):.3f} us  wall {statistics.median(wall[name]):.3f} us"
-              f"  server {statistics.median(dsrv[name]):.3f} us"
+              f"  server exec {statistics.median(dsrv[name]):.3f} us  backend CPU {statistics.median(bcpu[name]):.3f} us"
               f"  (CPU quartiles {[round(x, 3) for x in statistics.quantiles(cpu[name], n=4)]})")
 
     # idle: drain what is left, then one job per claim
@@ -114,9 +129,11 @@ def main() -> None:
     srv: dict[str, list[float]] = {k: [] for k in arms}
     rtt: dict[str, list[float]] = {k: [] for k in arms}
     icpu: dict[str, list[float]] = {k: [] for k in arms}
+    ibcpu: dict[str, list[float]] = {k: [] for k in arms}
     for r in range(a.rounds):
         for name in (("rows", "copy") if r % 2 == 0 else ("copy", "rows")):
             conn.execute("SELECT pg_stat_statements_reset()")
+            ib0 = backend_cpu_s(backend)
             for _ in range(a.idle_calls):
                 client.enqueue("k", {"n": 0}, queue=QUEUE)
                 c0, w0 = time.thread_time(), time.perf_counter()
@@ -125,6 +142,7 @@ def main() -> None:
                 assert len(snaps) == 1, len(snaps)
                 rtt[name].append((w1 - w0) * 1e3)
                 icpu[name].append((c1 - c0) * 1e6)
+            ibcpu[name].append((backend_cpu_s(backend) - ib0) / a.idle_calls * 1e6)
             row = conn.execute(server_q, (pattern[name], name == "copy")).fetchone()
             srv[name].append(float(row[0]) if row and row[0] is not None else float("nan"))
     print(f"idle, one job claimed by a claim of up to {a.idle_limit} (load {os.getloadavg()[0]:.2f}): "
@@ -133,7 +151,7 @@ def main() -> None:
         xs = sorted(rtt[name])
         print(f"  {name}: server {statistics.median(srv[name]):.1f} us/call (blocks {[round(x) for x in srv[name]]}),"
               f" round trip p50 {xs[len(xs) // 2]:.3f} ms p95 {xs[int(len(xs) * 0.95)]:.3f} ms,"
-              f" client CPU p50 {statistics.median(icpu[name]):.1f} us")
+              f" client CPU p50 {statistics.median(icpu[name]):.1f} us, backend CPU {statistics.median(ibcpu[name]):.1f} us/call")
     conn.close()
     client.close()
 

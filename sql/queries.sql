@@ -17,8 +17,9 @@ SELECT __SCHEMA__.job_enqueue_v2(%s::text, %s::int, %s::text, %s::jsonb, %s::jso
 SELECT __SCHEMA__.job_enqueue_many(%s::text, %s::int, %s::text, %s::jsonb[], %s::jsonb, %s::int)
 
 -- name: lane_reserve
--- Lock a lane and reserve a sequence range for a COPY of ready rows.
-SELECT lane_id, first_seq, ready_slot FROM __SCHEMA__.lane_reserve(%s::text, %s::int, %s::int, pg_backend_pid())
+-- Lock a lane and reserve a sequence range for a COPY of ready rows; the shard tried first is
+-- (backend pid + the chunk's number in its call) modulo the queue's shards (see lane_lock_for_enqueue).
+SELECT lane_id, first_seq, ready_slot FROM __SCHEMA__.lane_reserve(%s::text, %s::int, %s::int, pg_backend_pid() + %s::int)
 
 -- name: enqueue_savepoint
 -- A bulk enqueue inside the caller's transaction: everything it writes after this can be undone alone.
@@ -39,13 +40,6 @@ RELEASE SAVEPOINT awa_fast_enqueue
 SELECT job_id, run_lease, attempt, max_attempts, queue, kind, priority, args, metadata, ready_slot,
        lane_id, lane_seq, claim_slot, claim_id, created_at, errors, callback_result, progress
 FROM __SCHEMA__.claim_batch_v3(%s::text, %s::int, %s::int, %s::int)
-
--- name: lane_claim_copy
--- The rows of lane_claim as one binary COPY (awa_fast/storage/claim_copy.py decodes it); COPY takes no
--- parameters, so the four placeholders (queue, limit, stripe, stripes) are bound as quoted literals.
-COPY (SELECT job_id, run_lease, attempt, max_attempts, queue, kind, priority, args, metadata, ready_slot,
-       lane_id, lane_seq, claim_slot, claim_id, created_at, errors, callback_result, progress
-      FROM __SCHEMA__.claim_batch_v3({}::text, {}::int, {}::int, {}::int)) TO STDOUT (FORMAT binary)
 
 -- name: receipt_guard
 -- Lock the receipts of a completion batch; returns what in them is no longer open (job_id NULL: all of it).
@@ -491,13 +485,6 @@ SELECT job_id, run_lease, attempt, max_attempts, queue, kind, priority, args, me
        lane_id, lane_seq, claim_slot, claim_id, created_at, errors, callback_result, progress
 FROM __SCHEMA__.lane_claim_limited(%s::text, %s::int, %s::int, %s::int)
 
--- name: lane_claim_limited_copy
--- The rows of lane_claim_limited as one binary COPY (awa_fast/storage/claim_copy.py decodes it); COPY takes no
--- parameters, so the four placeholders (queue, limit, stripe, stripes) are bound as quoted literals.
-COPY (SELECT job_id, run_lease, attempt, max_attempts, queue, kind, priority, args, metadata, ready_slot,
-       lane_id, lane_seq, claim_slot, claim_id, created_at, errors, callback_result, progress
-      FROM __SCHEMA__.lane_claim_limited({}::text, {}::int, {}::int, {}::int)) TO STDOUT (FORMAT binary)
-
 -- name: queue_limits_get
 -- The flow-control settings of one queue (no row: no limit). Primary key probe; read by claimers every few s.
 SELECT max_running, rate_count, rate_per, rate_burst FROM __SCHEMA__.queue_limits WHERE queue = %s
@@ -626,13 +613,6 @@ SELECT __SCHEMA__.job_enqueue_keyed_many(%s::text, %s::int, %s::text, %s::jsonb[
 SELECT job_id, run_lease, attempt, max_attempts, queue, kind, priority, args, metadata, ready_slot,
        lane_id, lane_seq, claim_slot, claim_id, created_at, errors, callback_result, progress
 FROM __SCHEMA__.lane_claim_keyed_v2(%s::text, %s::int, %s::int, %s::int)
-
--- name: lane_claim_keyed_copy
--- The rows of lane_claim_keyed as one binary COPY (awa_fast/storage/claim_copy.py decodes it); COPY takes no
--- parameters, so the four placeholders (queue, limit, stripe, stripes) are bound as quoted literals.
-COPY (SELECT job_id, run_lease, attempt, max_attempts, queue, kind, priority, args, metadata, ready_slot,
-       lane_id, lane_seq, claim_slot, claim_id, created_at, errors, callback_result, progress
-      FROM __SCHEMA__.lane_claim_keyed_v2({}::text, {}::int, {}::int, {}::int)) TO STDOUT (FORMAT binary)
 
 -- name: queue_limits_read
 -- Every flow-control setting of one queue, the key limit too (primary key probe; claimers, every few s).

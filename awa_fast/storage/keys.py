@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from awa_fast.storage.claim_read import claim_read
+from awa_fast import _impl
 from awa_fast.storage.types import as_jsonb
 
 if TYPE_CHECKING:
@@ -99,8 +99,13 @@ class KeyLimitQueries:
         ``lane_claim_limited_result``; the second value is also True when the
         claim came back short while due jobs still wait on a key.
         """
-        return claim_read(conn, self.q["lane_claim_keyed"], self.q["lane_claim_keyed_copy"], queue, limit,
-                          stripe, stripes)
+        cur = conn.cursor(binary=True)
+        cur.execute(self.q["lane_claim_keyed"], (queue, limit, stripe, stripes))
+        rows = cur.fetchall()
+        more = bool(rows) and rows[-1][0] is None
+        if more:
+            rows.pop()
+        return _impl.decode_snapshots(rows), more
 
     # -- settings and status ----------------------------------------------------------
 
