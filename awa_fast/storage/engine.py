@@ -132,7 +132,8 @@ class Storage(KeyLimitQueries, SessionQueries):
 
     def job_enqueue_copy(self, conn: psycopg.Connection, queue: str, priority: int, kind: str,
                          args: Sequence[Any], metadata: bytes | None, max_attempts: int,
-                         encode: Callable[[Sequence[Any]], Sequence[bytes]] | None = None) -> LaneRange:
+                         encode: Callable[[Sequence[Any]], Sequence[bytes]] | None = None,
+                         spread: int = 0) -> LaneRange:
         """Bulk-enqueue by binary COPY: reserve one lane range, then stream encoded rows.
 
         Without ``encode``, ``args`` are the encoded payloads (``bytes`` of
@@ -146,7 +147,7 @@ class Storage(KeyLimitQueries, SessionQueries):
         ``encode_ready_rows``. Job ids are ``(lane_id << 40) | lane_seq``
         over the returned range.
         """
-        row = conn.execute(self.q["lane_reserve"], (queue, priority, len(args))).fetchone()
+        row = conn.execute(self.q["lane_reserve"], (queue, priority, len(args), spread)).fetchone()
         assert row is not None
         rng = LaneRange(int(row[0]), int(row[1]), int(row[2]))
         blocks = _copy_blocks(rng, kind, args, metadata, max_attempts, encode)
@@ -157,9 +158,10 @@ class Storage(KeyLimitQueries, SessionQueries):
 
     async def job_enqueue_copy_async(self, conn: psycopg.AsyncConnection, queue: str, priority: int, kind: str,
                                      args: Sequence[Any], metadata: bytes | None, max_attempts: int,
-                                     encode: Callable[[Sequence[Any]], Sequence[bytes]] | None = None) -> LaneRange:
+                                     encode: Callable[[Sequence[Any]], Sequence[bytes]] | None = None,
+                                     spread: int = 0) -> LaneRange:
         """Async twin of :meth:`job_enqueue_copy`."""
-        cur = await conn.execute(self.q["lane_reserve"], (queue, priority, len(args)))
+        cur = await conn.execute(self.q["lane_reserve"], (queue, priority, len(args), spread))
         row = await cur.fetchone()
         assert row is not None
         rng = LaneRange(int(row[0]), int(row[1]), int(row[2]))
