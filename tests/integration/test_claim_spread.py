@@ -16,6 +16,7 @@ from awa_fast.client import Client
 from awa_fast.jobs import JobSpec
 from awa_fast.runtime.claimer import Claimer, ClaimerConfig
 from awa_fast.storage import Storage
+from awa_fast.storage.copy_rows import COPY_LANES
 from tests.fixtures.waiting import wait_for
 from tests.integration.storage_helpers import claim
 
@@ -27,6 +28,11 @@ def test_the_chunks_of_one_bulk_enqueue_go_to_different_lanes(pg_dsn, schema, st
         lanes = [i >> 40 for i in ids]
         assert len(set(lanes)) == 3  # one lane per chunk
         assert [lanes[c * 10] for c in range(3)] == [lanes[c * 10 + 9] for c in range(3)]  # a chunk stays whole
+        # at most COPY_LANES lanes per call: chunk 4 goes back to chunk 0's lane, after its rows
+        six = cli.enqueue_many("k", [{"i": i} for i in range(60)], queue="six", chunk=10, return_ids=True)
+        lanes6 = [six[c * 10] >> 40 for c in range(6)]
+        assert len(set(lanes6)) == COPY_LANES == 4 and lanes6[4] == lanes6[0] and lanes6[5] == lanes6[1]
+        assert six[40] > six[9] and (six[40] & (2**40 - 1)) == (six[9] & (2**40 - 1)) + 1
         # a queue with one shard has one lane for all of them
         storage.queue_configure(conn, "narrow", enqueue_shards=1)
         one = cli.enqueue_many("k", [{"i": i} for i in range(30)], queue="narrow", chunk=10, return_ids=True)
