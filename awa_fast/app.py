@@ -449,7 +449,9 @@ class App(AdminMixin, Client):
                      concurrency_key: str | Sequence[str | None] | None = None) -> int | list[int]:
         """Bulk-enqueue by binary COPY (defaults from the kind's registration).
 
-        Returns how many, or their ids in order with ``return_ids=True``. With
+        Returns how many, or their ids in order with ``return_ids=True``. The
+        ``chunk``-row COPYs of one call go to successive enqueue shards (lanes) of
+        the queue, so stripes claim them side by side. With
         ``unique=`` (or the kind's default) duplicates are skipped and the result
         is a :class:`awa_fast.unique.UniqueManyResult`. ``timeout`` applies to every job.
         ``concurrency_key``: one str for all, or one key (or None) per job; default: the kind's, per job.

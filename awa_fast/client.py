@@ -319,7 +319,11 @@ class Client:
         ones are checked, and a bad payload raises its :class:`PayloadError`
         and undoes everything this call wrote (a savepoint inside the caller's transaction, which stays
         usable; the lane numbers it reserved stay unused, as after any
-        rolled-back enqueue). With ``conn`` the rows join that transaction;
+        rolled-back enqueue). Each ``chunk`` rows are one COPY into one lane,
+        and the chunks of a call go to up to four successive enqueue shards of the queue,
+        so several stripes claim a big backlog side by side (each chunk is
+        claimed in its order; chunks are not ordered among themselves, as the
+        rows of concurrent producers are not). With ``conn`` the rows join that transaction;
         otherwise they commit in one transaction on the client's connection. ``progress=True``
         draws a progress bar on stderr (when it is a terminal); a callable
         is called with the number of rows written so far. Returns how many,
@@ -354,7 +358,8 @@ class Client:
         with self._conn_scope(conn) as target, self.storage.enqueue_scope(target, savepoint=streamed):
             for start in range(0, len(payloads), chunk):
                 part = payloads[start:start + chunk]
-                rng = self.storage.job_enqueue_copy(target, q, prio, kind, part, m, attempts, encode)
+                rng = self.storage.job_enqueue_copy(target, q, prio, kind, part, m, attempts, encode,
+                                                   spread=start // chunk)
                 if ids is not None:
                     ids.extend(_range_ids(rng, len(part)))
                 done += len(part)
@@ -395,7 +400,8 @@ class Client:
         async with self.storage.enqueue_scope_async(conn, savepoint=streamed):
             for start in range(0, len(payloads), chunk):
                 part = payloads[start:start + chunk]
-                rng = await self.storage.job_enqueue_copy_async(conn, q, prio, kind, part, m, attempts, encode)
+                rng = await self.storage.job_enqueue_copy_async(conn, q, prio, kind, part, m, attempts, encode,
+                                                               spread=start // chunk)
                 if ids is not None:
                     ids.extend(_range_ids(rng, len(part)))
                 done += len(part)

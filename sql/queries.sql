@@ -17,8 +17,9 @@ SELECT __SCHEMA__.job_enqueue_v2(%s::text, %s::int, %s::text, %s::jsonb, %s::jso
 SELECT __SCHEMA__.job_enqueue_many(%s::text, %s::int, %s::text, %s::jsonb[], %s::jsonb, %s::int)
 
 -- name: lane_reserve
--- Lock a lane and reserve a sequence range for a COPY of ready rows.
-SELECT lane_id, first_seq, ready_slot FROM __SCHEMA__.lane_reserve(%s::text, %s::int, %s::int, pg_backend_pid())
+-- Lock a lane and reserve a sequence range for a COPY of ready rows; the shard tried first is
+-- (backend pid + the chunk's number in its call) modulo the queue's shards (see lane_lock_for_enqueue).
+SELECT lane_id, first_seq, ready_slot FROM __SCHEMA__.lane_reserve(%s::text, %s::int, %s::int, pg_backend_pid() + %s::int)
 
 -- name: enqueue_savepoint
 -- A bulk enqueue inside the caller's transaction: everything it writes after this can be undone alone.

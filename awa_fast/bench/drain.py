@@ -109,6 +109,8 @@ def bench_drain(args: argparse.Namespace, dsn: str, schema: str, srv: dict[str, 
             bar.close()
             last_done = probes.completion_last_at(c, schema)
             shm_hist = sup.histograms()
+            recs = sup.counters()["records"]
+            work = {k: sum(r[k] for r in recs) for k in ("claim_calls", "empty_claims", "batches_flushed")}
         code = sup.stop()
         with connect(dsn, application_name="awa_fast:bench") as c:
             counts = Storage(schema).queue_counts_exact(c).get(QUEUE, {})
@@ -124,6 +126,10 @@ def bench_drain(args: argparse.Namespace, dsn: str, schema: str, srv: dict[str, 
         "pickup_ms": None, "e2e_ms": None,
         "shm_pickup_ms": shm_hist["pickup"], "shm_e2e_ms": shm_hist["e2e"],
         "completed": counts.get("completed"), "supervisor_exit": code, "cpu": cpu_res,
+        # what the drain took in calls, whatever the load: claims (and the empty ones among
+        # them) and completion flushes, summed over the claimers' shared-memory counters
+        "claim_calls": work["claim_calls"], "empty_claims": work["empty_claims"],
+        "flushes": work["batches_flushed"],
         "notes": "pickup/e2e not measured for a bulk backlog (they would measure queueing); "
                  "shm_* are the runtime's created_at-based histograms",
     }

@@ -20,6 +20,11 @@ _DONE_RESULT_HEAD = struct.Struct(">hihiqiiiqiiihih")
 # small payloads, a few ms of PostgreSQL work, so the next block is ready long
 # before the socket's and libpq's buffers run dry.
 COPY_BLOCK = 1024
+# The COPY chunks of one bulk call go to this many successive enqueue shards (lanes)
+# of the queue, chunk k to shard (backend pid + k mod COPY_LANES): enough lanes for a
+# few stripes to claim side by side, and few enough that one big call leaves most of
+# the queue's shards (8 by default) free for its other producers.
+COPY_LANES = 4
 
 
 def copy_blocks(rng: LaneRange, kind: str, items: Sequence[Any], metadata: bytes | None, max_attempts: int,

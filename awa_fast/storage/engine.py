@@ -31,8 +31,8 @@ from awa_fast.errors import ConfigError, SchemaNotMigrated, SchemaTooNew
 from awa_fast.jobs import ClaimSnapshot
 from awa_fast.limits import KEEP as _LIMIT_KEEP
 from awa_fast.storage.connection import clean_text
+from awa_fast.storage.copy_rows import COPY_LANES, encode_done_result_rows
 from awa_fast.storage.copy_rows import copy_blocks as _copy_blocks
-from awa_fast.storage.copy_rows import encode_done_result_rows
 from awa_fast.storage.keys import KeyLimitQueries
 from awa_fast.storage.schema import latest_version, named_queries, render, validate_schema
 from awa_fast.storage.sessions import SessionQueries
@@ -132,7 +132,8 @@ class Storage(KeyLimitQueries, SessionQueries):
 
     def job_enqueue_copy(self, conn: psycopg.Connection, queue: str, priority: int, kind: str,
                          args: Sequence[Any], metadata: bytes | None, max_attempts: int,
-                         encode: Callable[[Sequence[Any]], Sequence[bytes]] | None = None) -> LaneRange:
+                         encode: Callable[[Sequence[Any]], Sequence[bytes]] | None = None,
+                         spread: int = 0) -> LaneRange:
         """Bulk-enqueue by binary COPY: reserve one lane range, then stream encoded rows.
 
         Without ``encode``, ``args`` are the encoded payloads (``bytes`` of
@@ -144,9 +145,11 @@ class Storage(KeyLimitQueries, SessionQueries):
         keeps nothing of it; the transaction is then failed: run this inside
         :meth:`enqueue_scope`). The rows are encoded by the accelerated
         ``encode_ready_rows``. Job ids are ``(lane_id << 40) | lane_seq``
-        over the returned range.
+        over the returned range. ``spread``, the chunk's number in its call,
+        moves the shard tried first by ``spread % COPY_LANES``, so a call's
+        chunks fill several lanes (the stripes draining them claim side by side).
         """
-        row = conn.execute(self.q["lane_reserve"], (queue, priority, len(args))).fetchone()
+        row = conn.execute(self.q["lane_reserve"], (queue, priority, len(args), spread % COPY_LANES)).fetchone()
         assert row is not None
         rng = LaneRange(int(row[0]), int(row[1]), int(row[2]))
         blocks = _copy_blocks(rng, kind, args, metadata, max_attempts, encode)
@@ -157,9 +160,10 @@ class Storage(KeyLimitQueries, SessionQueries):
 
     async def job_enqueue_copy_async(self, conn: psycopg.AsyncConnection, queue: str, priority: int, kind: str,
                                      args: Sequence[Any], metadata: bytes | None, max_attempts: int,
-                                     encode: Callable[[Sequence[Any]], Sequence[bytes]] | None = None) -> LaneRange:
+                                     encode: Callable[[Sequence[Any]], Sequence[bytes]] | None = None,
+                                     spread: int = 0) -> LaneRange:
         """Async twin of :meth:`job_enqueue_copy`."""
-        cur = await conn.execute(self.q["lane_reserve"], (queue, priority, len(args)))
+        cur = await conn.execute(self.q["lane_reserve"], (queue, priority, len(args), spread % COPY_LANES))
         row = await cur.fetchone()
         assert row is not None
         rng = LaneRange(int(row[0]), int(row[1]), int(row[2]))

@@ -132,8 +132,12 @@ def test_streamed_rows_are_the_rows_given_in_order(pg_dsn, schema, storage, conn
     ids = cli.enqueue_many("k", rows, queue="rq", conn=conn, chunk=2 * COPY_BLOCK, metadata={"m": 1},
                            max_attempts=3, return_ids=True)
     snaps = claim(storage, conn, "rq", n + 10)
-    assert [s.job_id for s in snaps] == ids
-    assert [s.args for s in snaps] == [json.dumps(r).encode() for r in rows]  # jsonb's own text of each
+    by_id = {s.job_id: s for s in snaps}
+    assert sorted(by_id) == sorted(ids) and len(snaps) == n
+    assert [by_id[i].args for i in ids] == [json.dumps(r).encode() for r in rows]  # jsonb's own text of each
+    # each chunk is its own lane (spread over the queue's shards), claimed in the order given
+    for lane in {i >> 40 for i in ids}:
+        assert [s.job_id for s in snaps if s.lane_id == lane] == [i for i in ids if i >> 40 == lane]
     assert {(s.metadata, s.max_attempts, s.attempt, s.kind) for s in snaps} == {(b'{"m": 1}', 3, 1, "k")}
 
 

@@ -1,0 +1,99 @@
+"""Two ways a deep backlog keeps every stripe busy.
+
+- A bulk enqueue of several chunks spreads them over the queue's enqueue
+  shards, one lane each, so stripes claim side by side instead of taking
+  turns on one lane head (``Client.enqueue_many``, ``lane_reserve``).
+- An adaptive claimer asks for its next claim while a whole claim's jobs
+  still wait locally (``runtime.claimer.claim_ahead``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from awa_fast.client import Client
+from awa_fast.jobs import JobSpec
+from awa_fast.runtime.claimer import Claimer, ClaimerConfig
+from awa_fast.storage import Storage
+from awa_fast.storage.copy_rows import COPY_LANES
+from tests.fixtures.waiting import wait_for
+from tests.integration.storage_helpers import claim
+
+
+def test_the_chunks_of_one_bulk_enqueue_go_to_different_lanes(pg_dsn, schema, storage, conn):
+    cli = Client(pg_dsn, schema)
+    try:
+        ids = cli.enqueue_many("k", [{"i": i} for i in range(30)], queue="spread", chunk=10, return_ids=True)
+        lanes = [i >> 40 for i in ids]
+        assert len(set(lanes)) == 3  # one lane per chunk
+        assert [lanes[c * 10] for c in range(3)] == [lanes[c * 10 + 9] for c in range(3)]  # a chunk stays whole
+        # at most COPY_LANES lanes per call: chunk 4 goes back to chunk 0's lane, after its rows
+        six = cli.enqueue_many("k", [{"i": i} for i in range(60)], queue="six", chunk=10, return_ids=True)
+        lanes6 = [six[c * 10] >> 40 for c in range(6)]
+        assert len(set(lanes6)) == COPY_LANES == 4 and lanes6[4] == lanes6[0] and lanes6[5] == lanes6[1]
+        assert six[40] > six[9] and (six[40] & (2**40 - 1)) == (six[9] & (2**40 - 1)) + 1
+        # a queue with one shard has one lane for all of them
+        storage.queue_configure(conn, "narrow", enqueue_shards=1)
+        one = cli.enqueue_many("k", [{"i": i} for i in range(30)], queue="narrow", chunk=10, return_ids=True)
+        assert len({i >> 40 for i in one}) == 1
+    finally:
+        cli.close()
+    assert len(claim(storage, conn, "spread", 100)) == 30
+
+
+def test_async_bulk_enqueue_spreads_its_chunks_too(pg_dsn, schema):
+    async def go() -> list[int]:
+        import psycopg
+
+        async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as aconn:
+            cli = Client(None, schema)
+            return await cli.enqueue_many_async("k", [{"i": i} for i in range(20)], queue="aspread", conn=aconn,
+                                                chunk=5, return_ids=True)
+
+    ids = asyncio.run(go())
+    assert len({i >> 40 for i in ids}) == 4
+
+
+def test_an_adaptive_claimer_claims_again_while_a_whole_claim_still_waits(pg_dsn, schema):
+    gate = threading.Event()
+    finished: list[int] = []
+
+    def handler(job):  # noqa: ANN001, ANN202
+        gate.wait(60)
+        finished.append(job.id)
+
+    cfg = ClaimerConfig(pg_dsn, schema, "ahead", concurrency=4, claim_batch=1024, adaptive_batch=True,
+                        poll_interval=0.2)
+    claimer = Claimer(cfg, {"a.work": JobSpec("a.work", handler, "ahead", 2, 3, False, None)})
+    calls: list[tuple[int, int]] = []  # (jobs asked for, jobs held by the claimer when it asked)
+    base = Storage(schema)
+
+    class Spy(Storage):
+        __slots__ = ()
+
+        def lane_claim_result(self, c, queue, limit, *a, **k):  # noqa: ANN001, ANN002, ANN003, ANN201
+            calls.append((limit, claimer.outstanding))
+            return base.lane_claim_result(c, queue, limit, *a, **k)
+
+    claimer.storage = Spy(schema)
+    claimer.limits.storage = claimer.storage
+    client = Client(pg_dsn, schema)
+    client.enqueue_many("a.work", [{"i": i} for i in range(500)], queue="ahead")
+    client.close()
+    t = threading.Thread(target=claimer.run, daemon=True)
+    t.start()
+    try:
+        # Every handler is blocked: the claimer holds its first claim's 16 jobs, 4 of them running,
+        # and still claims once more. With one claim buffered it would wait for the workers.
+        wait_for(lambda: len(calls) >= 2, 20, "a second claim while the first one's jobs wait")
+        assert calls[0] == (16, 0)
+        assert calls[1][1] == 16 > cfg.concurrency
+        wait_for(lambda: claimer.outstanding == 16 + calls[1][0], 10, "the second claim's jobs held")
+        gate.set()
+        wait_for(lambda: len(finished) == 500, 60, "all 500 jobs run")
+    finally:
+        gate.set()
+        claimer.stop()
+        t.join(30)
+    assert sorted(finished) == sorted(set(finished))  # each once
