@@ -31,6 +31,8 @@
 --   job_cancel, job_done_compact, job_load, job_load_v2, job_load_v3,
 --   key_admit, key_admit_v2, unique_holds, unique_holds_v2, unique_sweep,
 --   unique_sweep_v2.
+-- job_done_compact also moves from SQL to PL/pgSQL, one generic-plan
+-- statement per case (its comment below says why).
 -- The job list (named query job_list_ids) reads lane-born rows per slot in
 -- primary-key order and re-entered rows by the partial index.
 --
