@@ -68,7 +68,7 @@ def python_pieces(repeat: int) -> dict[str, Any]:
     handler = spec.handler
     res: dict[str, Any] = {}
 
-    # executor.py _run_sync_attempt: the per-attempt hook check (OTel spans, log job context)
+    # executor.py _run_sync (main: _run_sync_attempt): the per-attempt hook check (OTel spans, log job context)
     def hook_with() -> None:
         for job in jobs:
             scope = _hooks.around
@@ -80,7 +80,7 @@ def python_pieces(repeat: int) -> dict[str, Any]:
             handler(job)
     res["hooks.around check per attempt (otel, logs)"] = delta(hook_with, hook_without, N, repeat, 50)
 
-    # executor.py _attempt_started: the timeout of the attempt (job's own from metadata, else the kind's)
+    # executor.py _run_sync (main: _attempt_started): the attempt timeout (the job's own, else the kind's)
     def timeout_with() -> None:
         for job in jobs:
             if attempt_timeout(job, spec) is not None:
@@ -92,7 +92,7 @@ def python_pieces(repeat: int) -> dict[str, Any]:
                 pass
     res["attempt_timeout call per attempt (per-job timeout)"] = delta(timeout_with, timeout_without, N, repeat, 50)
 
-    # executor.py _run_sync_attempt finally: the handler duration stamp (metrics: handler histogram)
+    # executor.py _run_sync finally: the handler duration stamp (metrics: handler histogram)
     now = time.time
 
     def stamp_with() -> None:
