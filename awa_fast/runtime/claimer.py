@@ -111,18 +111,27 @@ def next_claim_size(size: int, got: int, asked: int, floor: int, ceiling: int,
     return size
 
 
-def claim_ahead(size: int, adaptive: bool) -> int:
+def claim_ahead(size: int, adaptive: bool, avg_handler_s: float | None = None, concurrency: int = 1) -> int:
     """How many claimed jobs may wait here for a worker, beside the ``concurrency`` running.
 
     A fixed batch (``batch=N``) buffers one claim: the next is asked for when
-    the workers reach the last of it. An adaptive claimer buffers two, so the
+    the workers reach the last of it. An adaptive claimer buffers up to two, so the
     next claim (a round trip, a durable commit, and a wait when another
     claimer holds the lane head) is in flight while a whole claim's jobs are
     still queued: in a 200k drain the claim otherwise came when ~64 jobs, a
-    millisecond of work, were left. ``size`` is already bounded to
-    :data:`LOCAL_WORK_S` of handler work, so two claims hold at most ~0.2 s.
+    millisecond of work, were left. The second claim is held only as far as
+    two claims stay within ``2 x`` :data:`LOCAL_WORK_S` of measured handler
+    work: the size is clamped up to its floor (16 or ``concurrency``) for
+    slow handlers, and jobs held here count against ``max_running`` and the
+    queue's deadline and are out of other claimers' reach. Unmeasured
+    handlers (async ones, or before the first measure) buffer two claims.
     """
-    return 2 * size if adaptive else size
+    if not adaptive:
+        return size
+    if avg_handler_s is None:
+        return 2 * size
+    budget = int(2 * concurrency * LOCAL_WORK_S / max(avg_handler_s, 1e-9))  # jobs in 2 x LOCAL_WORK_S
+    return size + max(0, min(size, budget - size))
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,7 +315,7 @@ class Claimer:
             # Running handlers plus what is buffered locally: one claim, or for an adaptive
             # claimer two, so that the next claim is asked for while a whole claim's jobs
             # are still queued here (see claim_ahead).
-            ahead = claim_ahead(size, cfg.adaptive_batch)
+            ahead = claim_ahead(size, cfg.adaptive_batch, self.executor.avg_handler_s, cfg.concurrency)
             self._claim_at = cfg.concurrency + ahead - size  # released() wakes the loop at this many held
             free = cfg.concurrency + ahead - self._outstanding
             if free >= size or (free > 0 and self._outstanding < cfg.concurrency):

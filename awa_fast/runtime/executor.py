@@ -284,6 +284,7 @@ class Executor:
     def _work_loop(self) -> None:
         perf = time.perf_counter
         stopping = self._stopping
+        run = self._run_sync
         while True:
             chunk = self._work.get()
             if chunk is None:
@@ -296,7 +297,7 @@ class Executor:
                         # Draining: hand back what has not started (no attempt consumed).
                         done.extend((j, _HAND_BACK) for j in chunk[i:])
                         break
-                    done.append((job, self._run_sync(job)))
+                    done.append((job, run(job)))
             finally:
                 if len(done) < len(chunk):
                     # Something escaped _run_sync: the job it ran stays held (rescued
@@ -310,30 +311,41 @@ class Executor:
                 self._avg_handler_s = per_job if avg is None else 0.8 * avg + 0.2 * per_job
 
     def _run_sync(self, job: Job[Any]) -> Outcome | Unwritten:
+        """Run one sync attempt on this worker thread: its slots, its start stamp and timeout, the handler.
+
+        One frame per attempt: the weight slots (only when a weighted kind is
+        registered), the start stamp, the timeout watch (a job without
+        metadata is not decoded for it), the per-attempt hook (None unless
+        tracing or the log context is on) and the handler duration stamp are
+        all inline. Split over three calls, they cost ~80-100 ns of every
+        attempt of a drain that uses none of them (docs/performance-log.md,
+        feature-cost).
+        """
         spec = self.registry.get(job.kind)
         if spec is None:
             return Outcome(CloseCode.RETRY, error=unknown_kind_text(job.kind))
-        if self._slots is None:
-            return self._run_sync_attempt(job, spec)
-        self._slots.acquire(spec.weight)  # weighted kinds registered: every sync attempt takes its slots
+        slots = self._slots
+        if slots is not None:
+            slots.acquire(spec.weight)  # weighted kinds registered: every sync attempt takes its slots
         try:
-            return self._run_sync_attempt(job, spec)
+            job.started_at = time.time()
+            timeout = spec.timeout if job.snapshot.metadata is None else attempt_timeout(job, spec)
+            if timeout is not None:
+                self._arm_timeout(job, timeout)
+            try:
+                scope = _attempt_hooks.around  # tracing / log context (awa_fast/hooks.py): None unless enabled
+                if scope is None:
+                    return returned_outcome(job, spec.handler(job))
+                with scope(job):
+                    result = spec.handler(job)
+                return returned_outcome(job, result)
+            except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt, ... retry like any failure
+                return self._failed(job, spec, exc)
+            finally:
+                job.finished_at = time.time()  # the handler duration metric
         finally:
-            self._slots.release(spec.weight)
-
-    def _run_sync_attempt(self, job: Job[Any], spec: JobSpec) -> Outcome | Unwritten:
-        self._attempt_started(job, spec)
-        try:
-            scope = _attempt_hooks.around  # tracing / log context (awa_fast/hooks.py): None unless enabled
-            if scope is None:
-                return returned_outcome(job, spec.handler(job))
-            with scope(job):
-                result = spec.handler(job)
-            return returned_outcome(job, result)
-        except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt, ... retry like any failure
-            return self._failed(job, spec, exc)
-        finally:
-            job.finished_at = time.time()  # the handler duration metric
+            if slots is not None:
+                slots.release(spec.weight)
 
     # -- async handlers ---------------------------------------------------------------
 
@@ -470,9 +482,14 @@ class Executor:
     # -- handler timeouts -------------------------------------------------------------
 
     def _attempt_started(self, job: Job[Any], spec: JobSpec) -> None:
-        """A handler is about to run: stamp its start and watch its timeout (the job's own, else its kind's)."""
+        """A handler is about to run: stamp its start and watch its timeout (the job's own, else its kind's).
+
+        (The async path's; ``_run_sync`` does the same inline.) A job without
+        metadata has no timeout of its own: its kind's is read without a call
+        to ``attempt_timeout``.
+        """
         job.started_at = time.time()
-        timeout = attempt_timeout(job, spec)
+        timeout = spec.timeout if job.snapshot.metadata is None else attempt_timeout(job, spec)
         if timeout is not None:
             self._arm_timeout(job, timeout)
 

@@ -24,6 +24,8 @@ COPY_BLOCK = 1024
 # of the queue, chunk k to shard (backend pid + k mod COPY_LANES): enough lanes for a
 # few stripes to claim side by side, and few enough that one big call leaves most of
 # the queue's shards (8 by default) free for its other producers.
+# The lane_reserve query also takes k modulo half the queue's shards (at least 1), so a
+# queue of 4 shards or fewer never has every shard locked by one call.
 COPY_LANES = 4
 
 

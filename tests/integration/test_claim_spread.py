@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 from awa_fast.client import Client
 from awa_fast.jobs import JobSpec
@@ -97,3 +98,51 @@ def test_an_adaptive_claimer_claims_again_while_a_whole_claim_still_waits(pg_dsn
         claimer.stop()
         t.join(30)
     assert sorted(finished) == sorted(set(finished))  # each once
+
+
+def test_claim_ahead_holds_at_most_two_local_work_spans_of_measured_handlers(pg_dsn, schema):
+    """``claim_ahead``'s promise: two claims hold at most ~2 x LOCAL_WORK_S of handler work.
+
+    The claim size of slow-ish handlers is clamped up to the floor (16 here), not down to
+    LOCAL_WORK_S, so buffering two floor-sized claims holds more than that: with 20 ms
+    handlers and concurrency 2, 32 buffered jobs are 0.32 s of work (one claim: 0.16 s).
+    Jobs held here count against ``max_running`` and the queue's deadline (counted from
+    the claim) and are not available to other claimers.
+    """
+    from awa_fast.runtime.claimer import LOCAL_WORK_S
+
+    done: list[int] = []
+
+    def handler(job):  # noqa: ANN001, ANN202
+        time.sleep(0.02)
+        done.append(job.id)
+
+    cfg = ClaimerConfig(pg_dsn, schema, "slowish", concurrency=2, claim_batch=1024, adaptive_batch=True,
+                        poll_interval=0.2)
+    claimer = Claimer(cfg, {"s.work": JobSpec("s.work", handler, "slowish", 2, 3, False, None)})
+    held_work: list[float] = []  # seconds of measured handler work buffered after each steady-state claim
+    base = Storage(schema)
+
+    class Spy(Storage):
+        __slots__ = ()
+
+        def lane_claim_result(self, c, queue, limit, *a, **k):  # noqa: ANN001, ANN002, ANN003, ANN201
+            avg = claimer.executor.avg_handler_s
+            if avg is not None and len(done) >= 80:
+                held_work.append((claimer.outstanding + limit - cfg.concurrency) * avg / cfg.concurrency)
+            return base.lane_claim_result(c, queue, limit, *a, **k)
+
+    claimer.storage = Spy(schema)
+    claimer.limits.storage = claimer.storage
+    client = Client(pg_dsn, schema)
+    client.enqueue_many("s.work", [{"i": i} for i in range(260)], queue="slowish")
+    client.close()
+    t = threading.Thread(target=claimer.run, daemon=True)
+    t.start()
+    try:
+        wait_for(lambda: len(done) == 260, 60, "all 260 jobs run")
+    finally:
+        claimer.stop()
+        t.join(30)
+    assert held_work, "no claim after the warm-up"
+    assert max(held_work) <= 2 * LOCAL_WORK_S * 1.25, held_work
