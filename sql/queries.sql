@@ -276,12 +276,34 @@ ORDER BY u.n
 
 -- name: job_list_ids
 -- Candidate job ids, newest id first, below a keyset cursor, with optional queue/kind filters; one branch
--- per plane, each an index scan by job id (ready_entries_job, done_entries_job, the primary keys of
--- deferred_jobs and dlq_entries, leases_job, key_waiting_job: a keyed job waiting for its key's room).
+-- per plane, each an index scan in job id order (done_entries_job, the primary keys of deferred_jobs and
+-- dlq_entries, leases_job, key_waiting_job: a keyed job waiting for its key's room). Ready rows in two
+-- branches (0019): a lane-born row (job_id = lane_id << 40 | lane_seq) by each ready slot's primary key
+-- backwards, whose (lane_id, lane_seq) order is its job id order, one slot at a time (run-time pruning);
+-- any other row (an id from job_id_seq, or an older id back in ready) by the partial ready_entries_job. Both lane-branch
+-- conditions are written for the planner's estimates, so that it reads the primary key backwards to the
+-- limit instead of sorting the whole slot: a row comparison is estimated by its first column, so the
+-- cursor is `<= (lane, seq - 1)` (not `< (lane, seq)`, which is `lane_id < lane`: nothing, in a one-lane
+-- queue); an equality of two expressions is estimated to keep 1 row in 200, the COALESCE (the columns
+-- are NOT NULL, so it changes no result) 1 in 2, closer to a ready ring that is nearly all lane-born.
 -- The caller resolves states with job_load_many.
 SELECT job_id FROM (
+    (SELECT b.job_id FROM __SCHEMA__.ring_config rc
+     CROSS JOIN generate_series(0, rc.slot_count - 1) AS s(slot)
+     CROSS JOIN LATERAL (
+         SELECT e.job_id FROM __SCHEMA__.ready_entries e
+         WHERE e.ready_slot = s.slot AND COALESCE(e.job_id = ((e.lane_id::bigint << 40) | e.lane_seq), false)
+           AND (%(before)s::bigint IS NULL
+                OR (e.lane_id, e.lane_seq) <= ((%(before)s::bigint >> 40)::int, (%(before)s::bigint & 1099511627775) - 1))
+           AND (%(kind)s::text IS NULL OR e.kind = %(kind)s)
+           AND (%(queue)s::text IS NULL OR e.lane_id IN (SELECT l.lane_id FROM __SCHEMA__.queue_lanes l
+                                                        WHERE l.queue = %(queue)s))
+         ORDER BY e.lane_id DESC, e.lane_seq DESC LIMIT %(limit)s) b
+     WHERE %(ready)s AND rc.ring = 'ready')
+    UNION
     (SELECT e.job_id FROM __SCHEMA__.ready_entries e
-     WHERE %(ready)s AND (%(before)s::bigint IS NULL OR e.job_id < %(before)s)
+     WHERE %(ready)s AND e.job_id <> ((e.lane_id::bigint << 40) | e.lane_seq)
+       AND (%(before)s::bigint IS NULL OR e.job_id < %(before)s)
        AND (%(kind)s::text IS NULL OR e.kind = %(kind)s)
        AND (%(queue)s::text IS NULL OR e.lane_id IN (SELECT l.lane_id FROM __SCHEMA__.queue_lanes l
                                                     WHERE l.queue = %(queue)s))

@@ -4,7 +4,7 @@
 -- tests/integration/test_schema_snapshot.py fails when it is out of date.
 -- Rings installed with 4 slots each; owners omitted; names in C order.
 
--- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits, 0013_rotation_ledger_truncate, 0014_job_enqueue_v2, 0015_done_receipts, 0016_claim_lane_runs, 0017_key_dlq_retry, 0018_dlq_retry_keys_joined
+-- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits, 0013_rotation_ledger_truncate, 0014_job_enqueue_v2, 0015_done_receipts, 0016_claim_lane_runs, 0017_key_dlq_retry, 0018_dlq_retry_keys_joined, 0019_ready_job_index_partial
 
 
 ---------------------------------------------------------------------------
@@ -374,20 +374,20 @@ CREATE TABLE __SCHEMA__.ready_entries (
     progress jsonb,
     CONSTRAINT ready_entries_pkey PRIMARY KEY (ready_slot, lane_id, lane_seq)
 ) PARTITION BY LIST (ready_slot);
-CREATE INDEX ready_entries_job ON ONLY __SCHEMA__.ready_entries USING btree (job_id);
+CREATE INDEX ready_entries_job ON ONLY __SCHEMA__.ready_entries USING btree (job_id) WHERE (job_id <> (((lane_id)::bigint << 40) | lane_seq));
 
 CREATE TABLE __SCHEMA__.ready_entries_0 PARTITION OF __SCHEMA__.ready_entries FOR VALUES IN ('0');
 CREATE UNIQUE INDEX ready_entries_0_pkey ON __SCHEMA__.ready_entries_0 USING btree (ready_slot, lane_id, lane_seq);  -- of the parent's constraint
-CREATE INDEX ready_entries_0_job_id_idx ON __SCHEMA__.ready_entries_0 USING btree (job_id);
+CREATE INDEX ready_entries_0_job_id_idx ON __SCHEMA__.ready_entries_0 USING btree (job_id) WHERE (job_id <> (((lane_id)::bigint << 40) | lane_seq));
 CREATE TABLE __SCHEMA__.ready_entries_1 PARTITION OF __SCHEMA__.ready_entries FOR VALUES IN ('1');
 CREATE UNIQUE INDEX ready_entries_1_pkey ON __SCHEMA__.ready_entries_1 USING btree (ready_slot, lane_id, lane_seq);  -- of the parent's constraint
-CREATE INDEX ready_entries_1_job_id_idx ON __SCHEMA__.ready_entries_1 USING btree (job_id);
+CREATE INDEX ready_entries_1_job_id_idx ON __SCHEMA__.ready_entries_1 USING btree (job_id) WHERE (job_id <> (((lane_id)::bigint << 40) | lane_seq));
 CREATE TABLE __SCHEMA__.ready_entries_2 PARTITION OF __SCHEMA__.ready_entries FOR VALUES IN ('2');
 CREATE UNIQUE INDEX ready_entries_2_pkey ON __SCHEMA__.ready_entries_2 USING btree (ready_slot, lane_id, lane_seq);  -- of the parent's constraint
-CREATE INDEX ready_entries_2_job_id_idx ON __SCHEMA__.ready_entries_2 USING btree (job_id);
+CREATE INDEX ready_entries_2_job_id_idx ON __SCHEMA__.ready_entries_2 USING btree (job_id) WHERE (job_id <> (((lane_id)::bigint << 40) | lane_seq));
 CREATE TABLE __SCHEMA__.ready_entries_3 PARTITION OF __SCHEMA__.ready_entries FOR VALUES IN ('3');
 CREATE UNIQUE INDEX ready_entries_3_pkey ON __SCHEMA__.ready_entries_3 USING btree (ready_slot, lane_id, lane_seq);  -- of the parent's constraint
-CREATE INDEX ready_entries_3_job_id_idx ON __SCHEMA__.ready_entries_3 USING btree (job_id);
+CREATE INDEX ready_entries_3_job_id_idx ON __SCHEMA__.ready_entries_3 USING btree (job_id) WHERE (job_id <> (((lane_id)::bigint << 40) | lane_seq));
 
 CREATE TABLE __SCHEMA__.ready_segments (
     ready_slot smallint NOT NULL,
@@ -1366,7 +1366,7 @@ BEGIN
     END IF;
     -- The newest ready row of the job (a retried job has older ones).
     SELECT e.ready_slot, e.lane_id, e.lane_seq, e.lease_base, e.attempt, h.claim_seq INTO r
-    FROM __SCHEMA__.ready_entries e JOIN __SCHEMA__.queue_claim_heads h ON h.lane_id = e.lane_id
+    FROM __SCHEMA__.ready_rows_of(p_job_id) e JOIN __SCHEMA__.queue_claim_heads h ON h.lane_id = e.lane_id
     WHERE e.job_id = p_job_id ORDER BY e.lease_base DESC LIMIT 1;
     IF NOT FOUND THEN
         RETURN 'unknown';
@@ -1424,14 +1424,38 @@ END $function$;
 
 CREATE OR REPLACE FUNCTION __SCHEMA__.job_done_compact(p_job_id bigint, p_ready_slot integer DEFAULT NULL::integer)
  RETURNS boolean
- LANGUAGE sql
+ LANGUAGE plpgsql
  STABLE
+ SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
-    SELECT EXISTS (
-        SELECT 1 FROM __SCHEMA__.ready_entries e
-        WHERE e.job_id = p_job_id AND (p_ready_slot IS NULL OR e.ready_slot = p_ready_slot)
-          AND __SCHEMA__.done_receipt_at(e.ready_slot, e.lane_id, e.lane_seq, e.job_id, e.lease_base + 1) IS NOT NULL)
-$function$;
+BEGIN
+    IF p_job_id < 1099511627776 THEN
+        IF p_ready_slot IS NULL THEN
+            RETURN EXISTS (
+                SELECT 1 FROM __SCHEMA__.ready_entries e
+                WHERE e.job_id = p_job_id AND e.job_id <> ((e.lane_id::bigint << 40) | e.lane_seq)
+                  AND __SCHEMA__.done_receipt_at(e.ready_slot, e.lane_id, e.lane_seq, e.job_id, e.lease_base + 1)
+                      IS NOT NULL);
+        END IF;
+        RETURN EXISTS (
+            SELECT 1 FROM __SCHEMA__.ready_entries e
+            WHERE e.job_id = p_job_id AND e.job_id <> ((e.lane_id::bigint << 40) | e.lane_seq)
+              AND e.ready_slot = p_ready_slot
+              AND __SCHEMA__.done_receipt_at(e.ready_slot, e.lane_id, e.lane_seq, e.job_id, e.lease_base + 1)
+                  IS NOT NULL);
+    END IF;
+    IF p_ready_slot IS NULL THEN
+        RETURN EXISTS (
+            SELECT 1 FROM __SCHEMA__.ready_rows_of(p_job_id) e
+            WHERE __SCHEMA__.done_receipt_at(e.ready_slot, e.lane_id, e.lane_seq, e.job_id, e.lease_base + 1)
+                  IS NOT NULL);
+    END IF;
+    RETURN EXISTS (
+        SELECT 1 FROM __SCHEMA__.ready_rows_of(p_job_id) e
+        WHERE e.ready_slot = p_ready_slot
+          AND __SCHEMA__.done_receipt_at(e.ready_slot, e.lane_id, e.lane_seq, e.job_id, e.lease_base + 1)
+              IS NOT NULL);
+END $function$;
 
 CREATE OR REPLACE FUNCTION __SCHEMA__.job_enqueue(p_queue text, p_priority integer, p_kind text, p_args jsonb, p_metadata jsonb, p_max_attempts integer, p_run_at timestamp with time zone)
  RETURNS bigint
@@ -1785,7 +1809,7 @@ BEGIN
     WHERE l.job_id = p_job_id;
     IF v IS NOT NULL THEN RETURN v; END IF;
     SELECT e.*, ql.queue, ql.priority, h.claim_seq INTO r
-    FROM __SCHEMA__.ready_entries e
+    FROM __SCHEMA__.ready_rows_of(p_job_id) e
     JOIN __SCHEMA__.queue_lanes ql ON ql.lane_id = e.lane_id
     JOIN __SCHEMA__.queue_claim_heads h ON h.lane_id = e.lane_id
     WHERE e.job_id = p_job_id ORDER BY e.lease_base DESC LIMIT 1;
@@ -1912,7 +1936,7 @@ BEGIN
     WHERE l.job_id = p_job_id;
     IF v IS NOT NULL THEN RETURN v; END IF;
     SELECT e.*, ql.queue, ql.priority, h.claim_seq INTO r
-    FROM __SCHEMA__.ready_entries e
+    FROM __SCHEMA__.ready_rows_of(p_job_id) e
     JOIN __SCHEMA__.queue_lanes ql ON ql.lane_id = e.lane_id
     JOIN __SCHEMA__.queue_claim_heads h ON h.lane_id = e.lane_id
     WHERE e.job_id = p_job_id ORDER BY e.lease_base DESC LIMIT 1;
@@ -2006,7 +2030,7 @@ BEGIN
     WHERE l.job_id = p_job_id;
     IF v IS NOT NULL THEN RETURN v; END IF;
     SELECT e.*, ql.queue, ql.priority, h.claim_seq INTO r
-    FROM __SCHEMA__.ready_entries e
+    FROM __SCHEMA__.ready_rows_of(p_job_id) e
     JOIN __SCHEMA__.queue_lanes ql ON ql.lane_id = e.lane_id
     JOIN __SCHEMA__.queue_claim_heads h ON h.lane_id = e.lane_id
     WHERE e.job_id = p_job_id ORDER BY e.lease_base DESC LIMIT 1;
@@ -2100,7 +2124,7 @@ BEGIN
     -- (job_id mod 8 against a random phase), so its slot frees a few claim calls late at most.
     -- An admission older than 5 minutes whose job is nowhere live any more (its terminal row
     -- pruned with its ready slot while no claim ran) is retired too: a key never stays full
-    -- of jobs that ended (ready_entries_job, deferred_jobs primary key, leases_job).
+    -- of jobs that ended (ready_rows_of, deferred_jobs primary key, leases_job).
     v_phase := floor(random() * 8)::int;
     DELETE FROM __SCHEMA__.key_admits a
     WHERE a.queue = p_queue
@@ -2109,7 +2133,7 @@ BEGIN
            OR (a.job_id % 8 = v_phase
                AND EXISTS (SELECT 1 FROM __SCHEMA__.done_entries x WHERE x.job_id = a.job_id))
            OR (a.admitted_at < now() - interval '5 minutes'
-               AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.ready_entries x WHERE x.job_id = a.job_id)
+               AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.ready_rows_of(a.job_id) x WHERE x.job_id = a.job_id)
                AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.deferred_jobs x WHERE x.job_id = a.job_id)
                AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.leases x WHERE x.job_id = a.job_id)));
     WITH RECURSIVE keys AS (
@@ -2188,7 +2212,7 @@ BEGIN
     -- (job_id mod 8 against a random phase), so its slot frees a few claim calls late at most.
     -- An admission older than 5 minutes whose job is nowhere live any more (its terminal row
     -- pruned with its ready slot while no claim ran) is retired too: a key never stays full
-    -- of jobs that ended (ready_entries_job, deferred_jobs primary key, leases_job).
+    -- of jobs that ended (ready_rows_of, deferred_jobs primary key, leases_job).
     -- A dead-lettered job's key is kept in key_dlq (0017), for its DLQ retry.
     v_phase := floor(random() * 8)::int;
     WITH retired AS (
@@ -2196,14 +2220,14 @@ BEGIN
         WHERE a.queue = p_queue
           AND (EXISTS (SELECT 1 FROM __SCHEMA__.done_entries x WHERE x.ready_slot = a.ready_slot AND x.job_id = a.job_id)
                -- completed by a compact done row (0015), probed like the done row: the admitted slot
-               -- every call (index ready_entries_job in one partition, then done_receipts_lane)
+               -- every call (ready_rows_of in one partition, then done_receipts_lane)
                OR __SCHEMA__.job_done_compact(a.job_id, a.ready_slot)
                OR EXISTS (SELECT 1 FROM __SCHEMA__.dlq_entries x WHERE x.job_id = a.job_id)
                OR (a.job_id % 8 = v_phase
                    AND (EXISTS (SELECT 1 FROM __SCHEMA__.done_entries x WHERE x.job_id = a.job_id)
                         OR __SCHEMA__.job_done_compact(a.job_id)))
                OR (a.admitted_at < now() - interval '5 minutes'
-                   AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.ready_entries x WHERE x.job_id = a.job_id)
+                   AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.ready_rows_of(a.job_id) x WHERE x.job_id = a.job_id)
                    AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.deferred_jobs x WHERE x.job_id = a.job_id)
                    AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.leases x WHERE x.job_id = a.job_id)))
         RETURNING a.queue, a.ckey, a.job_id
@@ -2970,6 +2994,19 @@ BEGIN
     END IF;
     RETURN NULL;
 END $function$;
+
+CREATE OR REPLACE FUNCTION __SCHEMA__.ready_rows_of(p_job_id bigint)
+ RETURNS SETOF __SCHEMA__.ready_entries
+ LANGUAGE sql
+ STABLE
+AS $function$
+    SELECT e.* FROM __SCHEMA__.ready_entries e
+    WHERE p_job_id >= 1099511627776
+      AND e.lane_id = (p_job_id >> 40)::int AND e.lane_seq = (p_job_id & 1099511627775) AND e.job_id = p_job_id
+    UNION ALL
+    SELECT e.* FROM __SCHEMA__.ready_entries e
+    WHERE e.job_id = p_job_id AND e.job_id <> ((e.lane_id::bigint << 40) | e.lane_seq)
+$function$;
 
 CREATE OR REPLACE FUNCTION __SCHEMA__.receipt_complete_results(p_claim_slots integer[], p_claim_ids bigint[], p_job_ids bigint[], p_run_leases integer[], p_ready_slots integer[], p_lane_ids integer[], p_lane_seqs bigint[], p_attempts integer[], p_queues text[], p_kinds text[], p_lease_backed boolean[], p_results jsonb[])
  RETURNS TABLE(job_id bigint, run_lease integer)
@@ -3886,7 +3923,7 @@ BEGIN
     -- ready ring when both available and running hold: never a live key
     -- deleted, at worst a stale one kept until its ready slot is pruned.
     IF NOT p_exact AND (p_states & 6) = 6
-       AND EXISTS (SELECT 1 FROM __SCHEMA__.ready_entries e WHERE e.job_id = p_job) THEN
+       AND EXISTS (SELECT 1 FROM __SCHEMA__.ready_rows_of(p_job) e WHERE e.job_id = p_job) THEN
         RETURN true;
     END IF;
     v_name := __SCHEMA__.job_load(p_job) ->> 'state';
@@ -3929,7 +3966,7 @@ BEGIN
     -- ready ring when both available and running hold: never a live key
     -- deleted, at worst a stale one kept until its ready slot is pruned.
     IF NOT p_exact AND (p_states & 6) = 6
-       AND EXISTS (SELECT 1 FROM __SCHEMA__.ready_entries e WHERE e.job_id = p_job) THEN
+       AND EXISTS (SELECT 1 FROM __SCHEMA__.ready_rows_of(p_job) e WHERE e.job_id = p_job) THEN
         RETURN true;
     END IF;
     v_name := __SCHEMA__.job_load(p_job) ->> 'state';
@@ -3981,7 +4018,7 @@ BEGIN
                AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.dlq_entries q WHERE q.job_id = u.job_id)
                AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.deferred_jobs f WHERE f.job_id = u.job_id)
                AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.leases l WHERE l.job_id = u.job_id)
-               AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.ready_entries e WHERE e.job_id = u.job_id)
+               AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.ready_rows_of(u.job_id) e WHERE e.job_id = u.job_id)
                AND NOT ((u.states & (64 | 128 | 256 | 512)) <> 0 AND COALESCE(u.expires_at > now(), false)))
            OR ((u.states & 63) <> 63 AND NOT __SCHEMA__.unique_holds(u.job_id, u.states, u.expires_at, false)));
     GET DIAGNOSTICS swept = ROW_COUNT;
@@ -4023,7 +4060,7 @@ BEGIN
                AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.dlq_entries q WHERE q.job_id = u.job_id)
                AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.deferred_jobs f WHERE f.job_id = u.job_id)
                AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.leases l WHERE l.job_id = u.job_id)
-               AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.ready_entries e WHERE e.job_id = u.job_id)
+               AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.ready_rows_of(u.job_id) e WHERE e.job_id = u.job_id)
                AND NOT ((u.states & (64 | 128 | 256 | 512)) <> 0 AND COALESCE(u.expires_at > now(), false)))
            OR ((u.states & 63) <> 63 AND NOT __SCHEMA__.unique_holds_v2(u.job_id, u.states, u.expires_at, false)));
     GET DIAGNOSTICS swept = ROW_COUNT;
