@@ -320,7 +320,8 @@ class Client:
         and undoes everything this call wrote (a savepoint inside the caller's transaction, which stays
         usable; the lane numbers it reserved stay unused, as after any
         rolled-back enqueue). Each ``chunk`` rows are one COPY into one lane,
-        and the chunks of a call go to up to four successive enqueue shards of the queue,
+        and the chunks of a call go to up to four successive enqueue shards of the queue
+        (at most half its shards, so one call never holds every shard's lock),
         so several stripes claim a big backlog side by side (each chunk is
         claimed in its order; chunks are not ordered among themselves, as the
         rows of concurrent producers are not). With ``conn`` the rows join that transaction;
