@@ -56,6 +56,35 @@ def test_async_bulk_enqueue_spreads_its_chunks_too(pg_dsn, schema):
     assert len({i >> 40 for i in ids}) == 4
 
 
+def _spied_claimer(pg_dsn: str, schema: str, queue: str, handler, concurrency: int, jobs: int,  # noqa: ANN001
+                   on_claim) -> tuple[Claimer, threading.Thread]:  # noqa: ANN001
+    """An adaptive claimer of ``queue`` whose every plain claim calls ``on_claim(claimer, limit)`` first.
+
+    ``jobs`` jobs of kind ``<queue>.work`` are enqueued before it starts; the thread is running.
+    """
+    cfg = ClaimerConfig(pg_dsn, schema, queue, concurrency=concurrency, claim_batch=1024, adaptive_batch=True,
+                        poll_interval=0.2)
+    kind = f"{queue}.work"
+    claimer = Claimer(cfg, {kind: JobSpec(kind, handler, queue, 2, 3, False, None)})
+    base = Storage(schema)
+
+    class Spy(Storage):
+        __slots__ = ()
+
+        def lane_claim_result(self, c, q, limit, *a, **k):  # noqa: ANN001, ANN002, ANN003, ANN201
+            on_claim(claimer, limit)
+            return base.lane_claim_result(c, q, limit, *a, **k)
+
+    claimer.storage = Spy(schema)
+    claimer.limits.storage = claimer.storage
+    client = Client(pg_dsn, schema)
+    client.enqueue_many(kind, [{"i": i} for i in range(jobs)], queue=queue)
+    client.close()
+    t = threading.Thread(target=claimer.run, daemon=True)
+    t.start()
+    return claimer, t
+
+
 def test_an_adaptive_claimer_claims_again_while_a_whole_claim_still_waits(pg_dsn, schema):
     gate = threading.Event()
     finished: list[int] = []
@@ -64,32 +93,15 @@ def test_an_adaptive_claimer_claims_again_while_a_whole_claim_still_waits(pg_dsn
         gate.wait(60)
         finished.append(job.id)
 
-    cfg = ClaimerConfig(pg_dsn, schema, "ahead", concurrency=4, claim_batch=1024, adaptive_batch=True,
-                        poll_interval=0.2)
-    claimer = Claimer(cfg, {"a.work": JobSpec("a.work", handler, "ahead", 2, 3, False, None)})
     calls: list[tuple[int, int]] = []  # (jobs asked for, jobs held by the claimer when it asked)
-    base = Storage(schema)
-
-    class Spy(Storage):
-        __slots__ = ()
-
-        def lane_claim_result(self, c, queue, limit, *a, **k):  # noqa: ANN001, ANN002, ANN003, ANN201
-            calls.append((limit, claimer.outstanding))
-            return base.lane_claim_result(c, queue, limit, *a, **k)
-
-    claimer.storage = Spy(schema)
-    claimer.limits.storage = claimer.storage
-    client = Client(pg_dsn, schema)
-    client.enqueue_many("a.work", [{"i": i} for i in range(500)], queue="ahead")
-    client.close()
-    t = threading.Thread(target=claimer.run, daemon=True)
-    t.start()
+    claimer, t = _spied_claimer(pg_dsn, schema, "ahead", handler, 4, 500,
+                                lambda cl, limit: calls.append((limit, cl.outstanding)))
     try:
         # Every handler is blocked: the claimer holds its first claim's 16 jobs, 4 of them running,
         # and still claims once more. With one claim buffered it would wait for the workers.
         wait_for(lambda: len(calls) >= 2, 20, "a second claim while the first one's jobs wait")
         assert calls[0] == (16, 0)
-        assert calls[1][1] == 16 > cfg.concurrency
+        assert calls[1][1] == 16 > claimer.config.concurrency
         wait_for(lambda: claimer.outstanding == 16 + calls[1][0], 10, "the second claim's jobs held")
         gate.set()
         wait_for(lambda: len(finished) == 500, 60, "all 500 jobs run")
@@ -117,28 +129,14 @@ def test_claim_ahead_holds_at_most_two_local_work_spans_of_measured_handlers(pg_
         time.sleep(0.02)
         done.append(job.id)
 
-    cfg = ClaimerConfig(pg_dsn, schema, "slowish", concurrency=2, claim_batch=1024, adaptive_batch=True,
-                        poll_interval=0.2)
-    claimer = Claimer(cfg, {"s.work": JobSpec("s.work", handler, "slowish", 2, 3, False, None)})
     held_work: list[float] = []  # seconds of measured handler work buffered after each steady-state claim
-    base = Storage(schema)
 
-    class Spy(Storage):
-        __slots__ = ()
+    def on_claim(cl: Claimer, limit: int) -> None:
+        avg, conc = cl.executor.avg_handler_s, cl.config.concurrency
+        if avg is not None and len(done) >= 80:
+            held_work.append((cl.outstanding + limit - conc) * avg / conc)
 
-        def lane_claim_result(self, c, queue, limit, *a, **k):  # noqa: ANN001, ANN002, ANN003, ANN201
-            avg = claimer.executor.avg_handler_s
-            if avg is not None and len(done) >= 80:
-                held_work.append((claimer.outstanding + limit - cfg.concurrency) * avg / cfg.concurrency)
-            return base.lane_claim_result(c, queue, limit, *a, **k)
-
-    claimer.storage = Spy(schema)
-    claimer.limits.storage = claimer.storage
-    client = Client(pg_dsn, schema)
-    client.enqueue_many("s.work", [{"i": i} for i in range(260)], queue="slowish")
-    client.close()
-    t = threading.Thread(target=claimer.run, daemon=True)
-    t.start()
+    claimer, t = _spied_claimer(pg_dsn, schema, "slowish", handler, 2, 260, on_claim)
     try:
         wait_for(lambda: len(done) == 260, 60, "all 260 jobs run")
     finally:
