@@ -18,13 +18,14 @@ SELECT __SCHEMA__.job_enqueue_many(%s::text, %s::int, %s::text, %s::jsonb[], %s:
 
 -- name: lane_reserve
 -- Lock a lane and reserve a sequence range for a COPY of ready rows; the shard tried first is
--- (backend pid + the chunk's number in its call) modulo the queue's shards (see lane_lock_for_enqueue).
--- The chunk's number is taken modulo half the queue's shards (at least 1): one call never holds
--- the lock of every shard, which would make another producer's search wait (and two transactions
--- that bulk-enqueue to two queues in opposite orders deadlock).
+-- (backend pid + the chunk's number in its call modulo the lanes one call may fill) modulo the
+-- queue's shards (see lane_lock_for_enqueue). A call fills at most COPY_LANES lanes and at most half
+-- the queue's shards (at least 1): one call never holds the lock of every shard, which would make
+-- another producer's search wait (and two transactions that bulk-enqueue to two queues in opposite
+-- orders deadlock).
 SELECT lane_id, first_seq, ready_slot FROM __SCHEMA__.lane_reserve(%s::text, %s::int, %s::int,
-    pg_backend_pid() + %s::int %% greatest(1, COALESCE((SELECT m.enqueue_shards FROM __SCHEMA__.queue_meta m
-                                                       WHERE m.queue = %s::text), 8) / 2))
+    pg_backend_pid() + %s::int %% least(%s::int, greatest(1, COALESCE(
+        (SELECT m.enqueue_shards FROM __SCHEMA__.queue_meta m WHERE m.queue = %s::text), 8) / 2)))
 
 -- name: enqueue_savepoint
 -- A bulk enqueue inside the caller's transaction: everything it writes after this can be undone alone.

@@ -20,12 +20,11 @@ _DONE_RESULT_HEAD = struct.Struct(">hihiqiiiqiiihih")
 # small payloads, a few ms of PostgreSQL work, so the next block is ready long
 # before the socket's and libpq's buffers run dry.
 COPY_BLOCK = 1024
-# The COPY chunks of one bulk call go to this many successive enqueue shards (lanes)
-# of the queue, chunk k to shard (backend pid + k mod COPY_LANES): enough lanes for a
-# few stripes to claim side by side, and few enough that one big call leaves most of
-# the queue's shards (8 by default) free for its other producers.
-# The lane_reserve query also takes k modulo half the queue's shards (at least 1), so a
-# queue of 4 shards or fewer never has every shard locked by one call.
+# The COPY chunks of one bulk call go to at most this many successive enqueue shards
+# (lanes) of the queue, and to at most half its shards (at least 1): chunk k to shard
+# (backend pid + k mod min(COPY_LANES, shards / 2)), in the lane_reserve query. Enough
+# lanes for a few stripes to claim side by side, and few enough that one big call never
+# holds every shard's lock (8 shards by default).
 COPY_LANES = 4
 
 

@@ -146,10 +146,12 @@ class Storage(KeyLimitQueries, SessionQueries):
         :meth:`enqueue_scope`). The rows are encoded by the accelerated
         ``encode_ready_rows``. Job ids are ``(lane_id << 40) | lane_seq``
         over the returned range. ``spread``, the chunk's number in its call,
-        moves the shard tried first by ``spread % COPY_LANES``, so a call's
-        chunks fill several lanes (the stripes draining them claim side by side).
+        moves the shard tried first by ``spread`` modulo the lanes one call may
+        fill (``COPY_LANES``, and at most half the queue's shards; the
+        ``lane_reserve`` query), so a call's chunks fill several lanes (the
+        stripes draining them claim side by side).
         """
-        row = conn.execute(self.q["lane_reserve"], (queue, priority, len(args), spread % COPY_LANES, queue)).fetchone()
+        row = conn.execute(self.q["lane_reserve"], (queue, priority, len(args), spread, COPY_LANES, queue)).fetchone()
         assert row is not None
         rng = LaneRange(int(row[0]), int(row[1]), int(row[2]))
         blocks = _copy_blocks(rng, kind, args, metadata, max_attempts, encode)
@@ -163,7 +165,7 @@ class Storage(KeyLimitQueries, SessionQueries):
                                      encode: Callable[[Sequence[Any]], Sequence[bytes]] | None = None,
                                      spread: int = 0) -> LaneRange:
         """Async twin of :meth:`job_enqueue_copy`."""
-        cur = await conn.execute(self.q["lane_reserve"], (queue, priority, len(args), spread % COPY_LANES, queue))
+        cur = await conn.execute(self.q["lane_reserve"], (queue, priority, len(args), spread, COPY_LANES, queue))
         row = await cur.fetchone()
         assert row is not None
         rng = LaneRange(int(row[0]), int(row[1]), int(row[2]))
