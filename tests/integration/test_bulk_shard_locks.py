@@ -11,7 +11,6 @@ one call held one shard and the other's search found a free one.
 from __future__ import annotations
 
 import threading
-import time
 
 import psycopg
 
@@ -39,30 +38,25 @@ def test_bulk_calls_to_two_queues_in_opposite_orders_do_not_deadlock(pg_dsn, sch
     for q in ("sa", "sb"):
         lanes = conn.execute(f'SELECT count(*) FROM "{schema}".queue_lanes WHERE queue = %s', (q,)).fetchone()
         assert lanes is not None and lanes[0] == 4
+
+    def then_commit(c: psycopg.Connection, queue: str) -> None:
+        """Enqueue ``rows`` to ``queue`` in ``c``'s open transaction and commit; an error is kept."""
+        try:
+            cli.enqueue_many("k", rows, queue=queue, conn=c, chunk=10)
+            c.commit()
+        except psycopg.Error as exc:
+            errors.append(exc)
+            c.rollback()
+
     try:
         cli.enqueue_many("k", rows, queue="sa", conn=c1, chunk=10)  # c1's transaction: shards of sa
         cli.enqueue_many("k", rows, queue="sb", conn=c2, chunk=10)  # c2's transaction: shards of sb
-
-        def first() -> None:
-            try:
-                cli.enqueue_many("k", rows, queue="sb", conn=c1, chunk=10)
-                c1.commit()
-            except psycopg.Error as exc:
-                errors.append(exc)
-                c1.rollback()
-
-        t = threading.Thread(target=first, daemon=True)
+        t = threading.Thread(target=then_commit, args=(c1, "sb"), daemon=True)
         t.start()
         pid1 = c1.info.backend_pid
         # c1 either finished (a free shard of sb) or waits for one
         wait_for(lambda: not t.is_alive() or _waiting_on_lock(conn, pid1), 10, "c1 done or waiting")
-        time.sleep(0.1)
-        try:
-            cli.enqueue_many("k", rows, queue="sa", conn=c2, chunk=10)
-            c2.commit()
-        except psycopg.Error as exc:
-            errors.append(exc)
-            c2.rollback()
+        then_commit(c2, "sa")
         t.join(30)
     finally:
         c1.close()
