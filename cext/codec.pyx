@@ -49,6 +49,7 @@ __all__ = [
     "encode_closure_rows",
     "encode_done_rows",
     "encode_ready_rows",
+    "flush_tally",
     "new_jobs",
 ]
 
@@ -80,4 +81,5 @@ include "errors.pyx"
 include "fields.pyx"
 include "payload.pyx"
 include "snapshots.pyx"
+include "flush.pyx"
 include "copy_rows.pyx"

@@ -32,11 +32,10 @@ from typing import Any
 
 import psycopg
 
-from awa_fast._impl import new_jobs
+from awa_fast._impl import flush_tally, new_jobs
 from awa_fast.errors import DatabaseUnavailable
 from awa_fast.jobs import MAX_PROGRESS_BYTES, AttemptClosed, ClaimSnapshot, Job, JobSpec
 from awa_fast.limits import LimitWatch
-from awa_fast.outcomes import COMPLETED, Unwritten
 from awa_fast.runtime.attempts import AttemptTable, Key
 from awa_fast.runtime.batcher import BatcherConfig, CompletionBatcher, FlushReport
 from awa_fast.runtime.entry import claimer_main, die_with_parent
@@ -468,52 +467,19 @@ class Claimer:
     def flushed(self, report: FlushReport) -> None:
         """After a flush (on the batcher thread): the attempts leave the table; counters, latencies, listeners.
 
-        One pass over the flush. The common outcome (the shared ``COMPLETED``,
-        not stale) is counted without a lookup; jobs enqueued together share
-        their ``created_at``, so its conversion to this process's clock is
-        made once per run of equal values, not once per job.
+        One pass over the flush (the codec's ``flush_tally``). The common
+        outcome (the shared ``COMPLETED``, not stale) is counted without a
+        lookup; jobs enqueued together share their ``created_at``, so its
+        conversion to this process's clock is made once per run of equal
+        values, not once per job.
         """
         pairs = report.jobs
-        keys = [job.key for job, _ in pairs]
+        closed: list[AttemptClosed] | None = [] if self.flush_listeners else None
+        # the one pass over the jobs, in the codec (C: ~the bytecode of a loop per job less)
+        keys, completed, other, e2e, pickup, handler = flush_tally(pairs, report.stale, self._clock_offset,
+                                                                   report.committed_at, closed)
         self.attempts.closed(keys)
         self.executor.forget_flushed(keys)
-        stale = report.stale
-        committed = report.committed_at
-        offset = self._clock_offset
-        completed = 0
-        other: dict[str, int] = {}
-        e2e: list[float] = []
-        pickup: list[float] = []
-        handler: list[float] = []
-        closed: list[AttemptClosed] | None = [] if self.flush_listeners else None
-        last_at: Any = None  # the created_at converted last, and its value on this process's clock
-        created = 0.0
-        for (job, outcome), key in zip(pairs, keys, strict=True):
-            started = job.started_at
-            if started:
-                finished = getattr(job, "finished_at", 0.0)  # unset: the handler has not returned
-                if finished:
-                    handler.append(finished - started)
-            if outcome is COMPLETED and not (stale and key in stale):
-                what = "completed"
-                completed += 1
-            elif outcome is Unwritten.PARKED:
-                continue
-            else:
-                what = ("stale" if outcome is Unwritten.STALE or (stale and key in stale)
-                        else outcome.code.closed_as)
-                other[what] = other.get(what, 0) + 1
-            if closed is not None:
-                closed.append(AttemptClosed(job.id, job.run_lease, job.kind, what, started or 0.0, committed))
-            if what == "stale":
-                continue
-            at = job.snapshot.created_at
-            if at != last_at:
-                last_at = at
-                created = at.timestamp() - offset
-            e2e.append(committed - created)
-            if started:
-                pickup.append(started - created)
         with self._stats_lock:
             stats = self.stats
             stats["batches"] += 1
