@@ -255,9 +255,19 @@ class CompletionBatcher:
         results: list[tuple[Job[Any], RawJson]] = []
         per_receipt: dict[int, list[int]] = {}  # claim_id -> [completions, all]
         known_stale: list[tuple[int, int]] = []
+        slots: dict[int, int] = {}  # claim_id -> claim_slot, from its first job in the batch
+        last_cid = None
+        counts = [0, 0]
         for job, outcome in batch:
             s = job.snapshot
-            counts = per_receipt.setdefault(s.claim_id, [0, 0])
+            cid = s.claim_id
+            if cid != last_cid:  # a receipt's jobs come in runs: one lookup per run, no list per job
+                last_cid = cid
+                got = per_receipt.get(cid)
+                if got is None:
+                    got = per_receipt[cid] = [0, 0]
+                    slots[cid] = s.claim_slot
+                counts = got
             counts[1] += 1
             if outcome is COMPLETED:  # the common case first: a plain completion
                 if not job.lease_backed:
@@ -280,8 +290,7 @@ class CompletionBatcher:
         whole = []
         for cid, (n_complete, n_all) in per_receipt.items():
             if n_complete == n_all and self._remaining.get(cid) == n_all:
-                slot = next(j.snapshot.claim_slot for j, _ in batch if j.snapshot.claim_id == cid)
-                whole.append((slot, cid))
+                whole.append((slots[cid], cid))
         stateful = self._sink.stateful_among(j.key for j, _ in batch)  # lazy: usually none
         with_state = [s for s in completes if (s.job_id, s.run_lease) in stateful] if stateful else []
         if results:
