@@ -21,6 +21,7 @@ __all__ = [
     "encode_ready_rows",
     "flush_tally",
     "new_jobs",
+    "raw_jsonb",
 ]
 
 COPY_HEADER: bytes
@@ -63,3 +64,4 @@ def flush_tally(
     committed: float,
     closed: list[AttemptClosed] | None,
 ) -> tuple[list[tuple[int, int]], int, dict[str, int], list[float], list[float], list[float]]: ...
+def raw_jsonb(data: bytes | bytearray | memoryview) -> bytes: ...

@@ -38,6 +38,7 @@ __all__ = [
     "encode_ready_rows",
     "flush_tally",
     "new_jobs",
+    "raw_jsonb",
 ]
 
 ENV_VAR = "AWA_FAST_IMPL"
@@ -82,6 +83,8 @@ class Codec(Protocol):
     def flush_tally(self, pairs: Sequence[tuple[Job[Any], Any]], stale: set[tuple[int, int]], offset: float,
                     committed: float, closed: list[AttemptClosed] | None,
                     ) -> tuple[list[tuple[int, int]], int, dict[str, int], list[float], list[float], list[float]]: ...
+
+    def raw_jsonb(self, data: bytes | bytearray | memoryview) -> bytes: ...
 
 
 def _load_c() -> ModuleType:
@@ -134,3 +137,4 @@ encode_closure_rows = _codec_api.encode_closure_rows
 decode_snapshots = _codec_api.decode_snapshots
 new_jobs = _codec_api.new_jobs
 flush_tally = _codec_api.flush_tally
+raw_jsonb = _codec_api.raw_jsonb

@@ -58,6 +58,7 @@ __all__ = [
     "encode_ready_rows",
     "flush_tally",
     "new_jobs",
+    "raw_jsonb",
 ]
 
 COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + b"\x00\x00\x00\x00" + b"\x00\x00\x00\x00"
@@ -496,3 +497,12 @@ def flush_tally(pairs: Sequence[tuple[Job[Any], Any]], stale: set[tuple[int, int
         if started:
             pickup.append(started - created)
     return keys, completed, other, e2e, pickup, handler
+
+
+def raw_jsonb(data: bytes | bytearray | memoryview) -> bytes:
+    """``bytes(memoryview(data)[1:])``: a binary jsonb value as its JSON text (the version byte dropped).
+
+    The ``load`` of the claim connection's binary jsonb loader (``runtime.claimer``): one call per
+    jsonb value of a claimed row.
+    """
+    return bytes(memoryview(data)[1:])

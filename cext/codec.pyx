@@ -51,6 +51,7 @@ __all__ = [
     "encode_ready_rows",
     "flush_tally",
     "new_jobs",
+    "raw_jsonb",
 ]
 
 COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + b"\x00\x00\x00\x00" + b"\x00\x00\x00\x00"

@@ -93,3 +93,21 @@ def flush_tally(pairs, stale, offset, committed, closed):
         if started:
             pickup.append(started - created)
     return keys, completed, other, e2e, pickup, handler
+
+
+# --------------------------------------------------------------------------
+# raw_jsonb: the claim connection's binary jsonb loader (its ``load``), in one C call per value.
+
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+
+
+def raw_jsonb(data):
+    """``bytes(memoryview(data)[1:])``: a binary jsonb value as its JSON text (the version byte dropped)."""
+    cdef Py_buffer view
+    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+    try:
+        if view.len <= 1:
+            return b""
+        return PyBytes_FromStringAndSize(<char*>view.buf + 1, view.len - 1)
+    finally:
+        PyBuffer_Release(&view)

@@ -759,6 +759,17 @@ def test_flush_tally_c_matches_the_twin_and_raises_alike(c_codec: types.ModuleTy
             outcome(pycodec.flush_tally, bad, set(), 0.0, 0.0, None)[:2]
 
 
+def test_raw_jsonb_drops_the_version_byte(codec: types.ModuleType) -> None:
+    text = '{"a": "ünï ✓", "b": [1, 2]}'.encode()
+    for data in (b"\x01" + text, memoryview(b"\x01" + text), bytearray(b"\x01" + text)):
+        got = codec.raw_jsonb(data)
+        assert type(got) is bytes and got == text
+    assert codec.raw_jsonb(b"\x01") == b"" and codec.raw_jsonb(b"") == b""
+    assert codec.raw_jsonb(memoryview(b"\x01x" * 3)[2:]) == b"x\x01x"  # a view into a bigger buffer
+    with pytest.raises(TypeError):
+        codec.raw_jsonb("not a buffer")
+
+
 # --------------------------------------------------------------------------
 # implementation selection
 
