@@ -14,6 +14,7 @@ __all__ = [
     "COPY_TRAILER",
     "MAX_DEPTH_LIMIT",
     "check_payload",
+    "claim_summary",
     "decode_snapshots",
     "dump_payloads",
     "encode_closure_rows",
@@ -65,3 +66,4 @@ def flush_tally(
     closed: list[AttemptClosed] | None,
 ) -> tuple[list[tuple[int, int]], int, dict[str, int], list[float], list[float], list[float]]: ...
 def raw_jsonb(data: bytes | bytearray | memoryview) -> bytes: ...
+def claim_summary(snapshots: Iterable[ClaimSnapshot]) -> tuple[dict[int, int], set[str]]: ...

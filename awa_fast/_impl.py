@@ -31,6 +31,7 @@ __all__ = [
     "IMPL",
     "Codec",
     "check_payload",
+    "claim_summary",
     "decode_snapshots",
     "dump_payloads",
     "encode_closure_rows",
@@ -86,6 +87,8 @@ class Codec(Protocol):
 
     def raw_jsonb(self, data: bytes | bytearray | memoryview) -> bytes: ...
 
+    def claim_summary(self, snapshots: Iterable[ClaimSnapshot]) -> tuple[dict[int, int], set[str]]: ...
+
 
 def _load_c() -> ModuleType:
     # import_module, not "from awa_fast import _codec": during the package's own
@@ -138,3 +141,4 @@ decode_snapshots = _codec_api.decode_snapshots
 new_jobs = _codec_api.new_jobs
 flush_tally = _codec_api.flush_tally
 raw_jsonb = _codec_api.raw_jsonb
+claim_summary = _codec_api.claim_summary

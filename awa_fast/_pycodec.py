@@ -51,6 +51,7 @@ __all__ = [
     "COPY_TRAILER",
     "MAX_DEPTH_LIMIT",
     "check_payload",
+    "claim_summary",
     "decode_snapshots",
     "dump_payloads",
     "encode_closure_rows",
@@ -506,3 +507,14 @@ def raw_jsonb(data: bytes | bytearray | memoryview) -> bytes:
     jsonb value of a claimed row.
     """
     return bytes(memoryview(data)[1:])
+
+
+def claim_summary(snapshots: Iterable[ClaimSnapshot]) -> tuple[dict[int, int], set[str]]:
+    """A claim's receipts and kinds in one pass: ``claim_id -> its jobs`` (in first-seen order) and the kinds."""
+    counts: dict[int, int] = {}
+    kinds: set[str] = set()
+    for s in snapshots:
+        cid = s.claim_id
+        counts[cid] = counts.get(cid, 0) + 1
+        kinds.add(s.kind)
+    return counts, kinds

@@ -111,3 +111,37 @@ def raw_jsonb(data):
         return PyBytes_FromStringAndSize(<char*>view.buf + 1, view.len - 1)
     finally:
         PyBuffer_Release(&view)
+
+
+# --------------------------------------------------------------------------
+# claim_summary: a claim's receipts (claim_id -> jobs) and kinds, in one pass (the claimer's dispatch).
+
+def claim_summary(snapshots):
+    """``(Counter(s.claim_id for s in snapshots), {s.kind for s in snapshots})`` as a plain dict and a set."""
+    cdef Py_ssize_t i, n, run = 0
+    if type(snapshots) is not list:
+        snapshots = list(snapshots)
+    n = PyList_GET_SIZE(snapshots)
+    cdef dict counts = {}
+    cdef set kinds = set()
+    last_cid = None
+    last_kind = None
+    for i in range(n):
+        if i >= PyList_GET_SIZE(snapshots):
+            raise RuntimeError("snapshots changed size during claim_summary")
+        snap = <object>PyList_GET_ITEM(snapshots, i)
+        cid = _snap_field(snap, _off_claim_id, "claim_id")
+        kind = _snap_field(snap, _off_kind, "kind")
+        if run and (cid is last_cid or cid == last_cid):
+            run += 1
+        else:
+            if run:
+                counts[last_cid] = counts.get(last_cid, 0) + run
+            last_cid = cid
+            run = 1
+        if kind is not last_kind:
+            kinds.add(kind)
+            last_kind = kind
+    if run:
+        counts[last_cid] = counts.get(last_cid, 0) + run
+    return counts, kinds

@@ -21,11 +21,9 @@ The only calls back to its owner are the three of :class:`FlushSink`.
 from __future__ import annotations
 
 import logging
-import operator
 import queue
 import threading
 import time
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -41,7 +39,6 @@ from awa_fast.storage import RawJson, Storage, close_quietly, connect
 log = logging.getLogger("awa_fast.batcher")
 
 Closed = tuple[Job[Any], Outcome | Unwritten]  # one finished attempt, as the executor hands it on
-_CLAIM_ID = operator.attrgetter("claim_id")
 
 
 # -- messages on the batcher's queue (one type each; the batcher thread tells them apart by type) --
@@ -133,9 +130,13 @@ class CompletionBatcher:
 
     # -- producer side (claimer and handler threads) ----------------------------
 
-    def register_receipts(self, snapshots: Sequence[ClaimSnapshot]) -> None:
-        """Tell the batcher how many outcomes each receipt of a claim will produce."""
-        self._q.put(_Receipts(Counter(map(_CLAIM_ID, snapshots))))  # C loops: a claim has a few receipts
+    def register_receipts(self, counts: dict[int, int]) -> None:
+        """Tell the batcher how many outcomes each receipt (claim_id) of a claim will produce.
+
+        ``counts``: the codec's ``claim_summary`` of the claim's snapshots (one C pass, which
+        also gives the executor the claim's kinds).
+        """
+        self._q.put(_Receipts(counts))
 
     def submit(self, job: Job[Any], outcome: Outcome | Unwritten) -> None:
         """Queue one attempt's outcome for the next flush."""

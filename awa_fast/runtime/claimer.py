@@ -34,7 +34,7 @@ import psycopg
 from psycopg.adapt import Loader
 from psycopg.pq import Format
 
-from awa_fast._impl import flush_tally, new_jobs, raw_jsonb
+from awa_fast._impl import claim_summary, flush_tally, new_jobs, raw_jsonb
 from awa_fast.errors import DatabaseUnavailable
 from awa_fast.jobs import MAX_PROGRESS_BYTES, AttemptClosed, ClaimSnapshot, Job, JobSpec
 from awa_fast.limits import LimitWatch
@@ -410,7 +410,8 @@ class Claimer:
 
     def _dispatch(self, snaps: Sequence[ClaimSnapshot]) -> None:
         now = time.monotonic()
-        self.batcher.register_receipts(snaps)
+        receipts, kinds = claim_summary(snaps)  # one C pass: jobs per receipt, and the claim's kinds
+        self.batcher.register_receipts(receipts)
         types = {kind: spec.args_type for kind, spec in self.registry.items()}  # a few kinds, per claim
         jobs = new_jobs(snaps, types, self)  # Job(s, types.get(s.kind), self) each, built in C
         self.attempts.claimed(jobs, now)
@@ -418,7 +419,7 @@ class Claimer:
         self.count("claimed", n)
         with self._count_lock:
             self._outstanding += n
-        self.executor.dispatch(jobs)
+        self.executor.dispatch(jobs, kinds)
 
     def _notified(self) -> None:
         """A NOTIFY for this queue, or a fresh LISTEN (wake-ups may have been missed): there may be a backlog."""

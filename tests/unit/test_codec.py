@@ -770,6 +770,23 @@ def test_raw_jsonb_drops_the_version_byte(codec: types.ModuleType) -> None:
         codec.raw_jsonb("not a buffer")
 
 
+def test_claim_summary_counts_receipts_and_kinds(codec: types.ModuleType) -> None:
+    from collections import Counter
+
+    # runs of a receipt, a receipt that comes back after another (9001 ... 9000), kinds as equal
+    # strings that are different objects, and an object that is not a ClaimSnapshot
+    cids = [9000] * 5 + [9001] * 3 + [9000] * 2 + [9002] + [9001]
+    snaps: list[Any] = [snapshot(i, claim_id=c, kind="".join(["k", str(i % 3)])) for i, c in enumerate(cids)]
+    snaps.append(_SnapshotLike(snapshot(99, claim_id=9003, kind="k0")))
+    counts, kinds = codec.claim_summary(snaps)
+    assert type(counts) is dict and counts == Counter(s.claim_id for s in snaps) == {9000: 7, 9001: 4, 9002: 1,
+                                                                                     9003: 1}
+    assert list(counts) == [9000, 9001, 9002, 9003]  # first-seen order, as the batcher got it before
+    assert kinds == {"k0", "k1", "k2"}
+    assert codec.claim_summary(iter(snaps[:3])) == ({9000: 3}, {"k0", "k1", "k2"})
+    assert codec.claim_summary([]) == ({}, set())
+
+
 # --------------------------------------------------------------------------
 # implementation selection
 
