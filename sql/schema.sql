@@ -4,7 +4,7 @@
 -- tests/integration/test_schema_snapshot.py fails when it is out of date.
 -- Rings installed with 4 slots each; owners omitted; names in C order.
 
--- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits, 0013_rotation_ledger_truncate, 0014_job_enqueue_v2, 0015_done_receipts, 0016_claim_lane_runs, 0017_key_dlq_retry, 0018_dlq_retry_keys_joined, 0019_ready_job_index_partial
+-- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits, 0013_rotation_ledger_truncate, 0014_job_enqueue_v2, 0015_done_receipts, 0016_claim_lane_runs, 0017_key_dlq_retry, 0018_dlq_retry_keys_joined, 0019_ready_job_index_partial, 0020_receipt_done_whole
 
 
 ---------------------------------------------------------------------------
@@ -3144,6 +3144,31 @@ BEGIN
         RETURNING 1
     )
     SELECT c.j, c.l FROM checked c WHERE c.stale;
+END $function$;
+
+CREATE OR REPLACE FUNCTION __SCHEMA__.receipt_done_whole(p_claim_slots integer[], p_claim_ids bigint[], p_counts integer[])
+ RETURNS SETOF bigint
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET jit TO 'off'
+AS $function$
+BEGIN
+    -- Index: lease_claims primary key (claim_slot, claim_id), one probe per receipt (LATERAL with
+    -- LIMIT 1, so the generic plan is a nested loop with run-time partition pruning rather than a
+    -- hash join over every claim partition that reads each receipt's arrays); queue_lanes primary key.
+    -- The count check reads run_leases, the smaller of the two arrays.
+    RETURN QUERY
+    INSERT INTO __SCHEMA__.done_receipts (ready_slot, lane_id, claim_id, first_seq, last_seq, queue, job_ids,
+        run_leases)
+    SELECT c.ready_slot, c.lane_id, c.claim_id, c.first_seq, c.last_seq, ql.queue, c.job_ids, c.run_leases
+    FROM unnest(p_claim_slots, p_claim_ids, p_counts) AS u(s, cid, n)
+    CROSS JOIN LATERAL (SELECT x.ready_slot, x.lane_id, x.claim_id, x.first_seq, x.last_seq, x.job_ids,
+                               x.run_leases
+                        FROM __SCHEMA__.lease_claims x
+                        WHERE x.claim_slot = u.s AND x.claim_id = u.cid LIMIT 1) c
+    JOIN __SCHEMA__.queue_lanes ql ON ql.lane_id = c.lane_id
+    WHERE cardinality(c.run_leases) = u.n
+    RETURNING done_receipts.claim_id;
 END $function$;
 
 CREATE OR REPLACE FUNCTION __SCHEMA__.receipt_guard(p_claim_slots integer[], p_claim_ids bigint[])
