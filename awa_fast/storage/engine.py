@@ -264,7 +264,9 @@ class Storage(KeyLimitQueries, SessionQueries):
         by the caller as stale), then writes one compact done row per receipt
         of the batch naming the attempts of it that complete here
         (``done_receipts``, migration 0015: no per-job done row or index
-        entry) and closes them: one compact closure row for each receipt in
+        entry; for a receipt whose every attempt is in this batch the row
+        is copied from the receipt's own arrays, migration 0020) and closes
+        them: one compact closure row for each receipt in
         ``whole_receipts`` (every one of its jobs is in this batch), one
         closure row per attempt otherwise. ``with_state`` lists attempts that
         may have an ``attempt_state`` row to delete.
@@ -303,7 +305,8 @@ class Storage(KeyLimitQueries, SessionQueries):
                         held[key] = held.get(key, 0) + 1
                 ordered = sorted(held, key=lambda w: w[1])
                 rows = cur.execute(self.q["receipt_done_whole"], (
-                    [w[0] for w in ordered], [w[1] for w in ordered], [held[w] for w in ordered])).fetchall()
+                    [w[0] for w in ordered], [w[1] for w in ordered], [held[w] for w in ordered])).fetchall() \
+                    if ordered else []
                 copied = {int(cid) for cid, in rows}
                 if copied:
                     per_row = [s for s in live if s.claim_id not in copied]  # claim ids are unique
