@@ -75,6 +75,11 @@ JOIN __SCHEMA__.lease_claims c ON c.claim_slot = g.s AND c.claim_id = g.c
 JOIN __SCHEMA__.queue_lanes ql ON ql.lane_id = c.lane_id
 RETURNING cardinality(job_ids)
 
+-- name: receipt_done_whole
+-- Compact done rows for receipts of which the flush holds every attempt, from the receipt's own attempt
+-- arrays (0020): per receipt (claim_slot, claim_id, attempts held); returns the receipts written.
+SELECT __SCHEMA__.receipt_done_whole(%s::int[], %s::bigint[], %s::int[])
+
 -- name: attempts_completed
 -- Which of these attempts have a completed done row under their own run_lease (a replayed flush's check):
 -- per-job rows by done_entries_job, compact rows (0015) by the attempts' lane positions (done_receipt_at).

@@ -4,7 +4,7 @@
 -- tests/integration/test_schema_snapshot.py fails when it is out of date.
 -- Rings installed with 4 slots each; owners omitted; names in C order.
 
--- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits, 0013_rotation_ledger_truncate, 0014_job_enqueue_v2, 0015_done_receipts, 0016_claim_lane_runs, 0017_key_dlq_retry, 0018_dlq_retry_keys_joined, 0019_ready_job_index_partial
+-- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits, 0013_rotation_ledger_truncate, 0014_job_enqueue_v2, 0015_done_receipts, 0016_claim_lane_runs, 0017_key_dlq_retry, 0018_dlq_retry_keys_joined, 0019_ready_job_index_partial, 0020_drain_server_work
 
 
 ---------------------------------------------------------------------------
@@ -1029,6 +1029,7 @@ DECLARE
     v_first bigint;
     v_seg_last bigint;
     v_bound bigint;
+    v_seqs bigint[];
 BEGIN
     SELECT * INTO v_meta FROM __SCHEMA__.queue_meta m WHERE m.queue = p_queue;
     IF NOT FOUND THEN
@@ -1117,41 +1118,30 @@ BEGIN
             ORDER BY g.last_seq LIMIT 1;
             EXIT WHEN NOT FOUND;
             v_claim_id := nextval('__SCHEMA__.claim_id_seq');
-            RETURN QUERY
+            -- The receipt first, from the narrow columns of the rows it takes
+            -- (Index: ready_entries primary key (ready_slot, lane_id, lane_seq)).
             WITH picked AS MATERIALIZED (
-                -- Index: ready_entries primary key (ready_slot, lane_id, lane_seq)
-                SELECT r.*, (t.lane_seq IS NOT NULL) AS tomb
+                SELECT r.lane_seq, r.job_id, r.lease_base, (t.lane_seq IS NOT NULL) AS tomb
                 FROM __SCHEMA__.ready_entries r
                 LEFT JOIN __SCHEMA__.ready_tombstones t
                     ON t.ready_slot = r.ready_slot AND t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq
                 WHERE r.ready_slot = v_slot AND r.lane_id = v_lid AND r.lane_seq > v_cur AND r.lane_seq <= v_bound
                 ORDER BY r.lane_seq
                 LIMIT v_left
-            ), receipt AS (
-                INSERT INTO __SCHEMA__.lease_claims (claim_slot, claim_id, lane_id, ready_slot, first_seq,
-                    last_seq, job_ids, run_leases, lane_seqs, deadline_at)
-                SELECT v_claim_slot, v_claim_id, v_lid, v_slot, v_cur + 1, max(p.lane_seq),
-                    COALESCE(array_agg(p.job_id ORDER BY p.lane_seq) FILTER (WHERE NOT p.tomb), '{}'),
-                    COALESCE(array_agg(p.lease_base + 1 ORDER BY p.lane_seq) FILTER (WHERE NOT p.tomb), '{}'),
-                    COALESCE(array_agg(p.lane_seq ORDER BY p.lane_seq) FILTER (WHERE NOT p.tomb), '{}'),
-                    now() + v_meta.deadline
-                FROM picked p
-                -- an unbroken run of numbers from v_first, or nothing at all (bounded
-                -- to one segment, every row read is that segment's: taken as it is)
-                HAVING count(*) > 0 AND (v_bound = v_seg_last
-                    OR (min(p.lane_seq) = v_first AND max(p.lane_seq) - v_first + 1 = count(*)))
-                RETURNING 1
             )
-            SELECT p.job_id, p.lease_base + 1, p.attempt + 1, p.max_attempts::int, p_queue, p.kind,
-                v_prio, p.args, p.metadata, v_slot, v_lid, p.lane_seq, v_claim_slot,
-                v_claim_id, p.created_at, p.errors, p.callback_result, p.progress
+            INSERT INTO __SCHEMA__.lease_claims (claim_slot, claim_id, lane_id, ready_slot, first_seq,
+                last_seq, job_ids, run_leases, lane_seqs, deadline_at)
+            SELECT v_claim_slot, v_claim_id, v_lid, v_slot, v_cur + 1, max(p.lane_seq),
+                COALESCE(array_agg(p.job_id ORDER BY p.lane_seq) FILTER (WHERE NOT p.tomb), '{}'),
+                COALESCE(array_agg(p.lease_base + 1 ORDER BY p.lane_seq) FILTER (WHERE NOT p.tomb), '{}'),
+                COALESCE(array_agg(p.lane_seq ORDER BY p.lane_seq) FILTER (WHERE NOT p.tomb), '{}'),
+                now() + v_meta.deadline
             FROM picked p
-            WHERE NOT p.tomb
-              AND EXISTS (SELECT 1 FROM receipt)  -- the run was whole: its receipt is in
-            ORDER BY p.lane_seq;
-            GET DIAGNOSTICS v_n = ROW_COUNT;
-            SELECT c.last_seq INTO v_last FROM __SCHEMA__.lease_claims c
-            WHERE c.claim_slot = v_claim_slot AND c.claim_id = v_claim_id;
+            -- an unbroken run of numbers from v_first, or nothing at all (bounded
+            -- to one segment, every row read is that segment's: taken as it is)
+            HAVING count(*) > 0 AND (v_bound = v_seg_last
+                OR (min(p.lane_seq) = v_first AND max(p.lane_seq) - v_first + 1 = count(*)))
+            RETURNING lease_claims.last_seq, lease_claims.lane_seqs INTO v_last, v_seqs;
             IF NOT FOUND THEN
                 -- The rows of this slot past the position are not an unbroken
                 -- run: a number in between lives in another slot (or is a gap a
@@ -1160,6 +1150,30 @@ BEGIN
                 EXIT WHEN v_bound = v_seg_last;
                 v_bound := v_seg_last;
                 CONTINUE;
+            END IF;
+            -- Then the receipt's rows, read again in full (ready rows are
+            -- immutable, and this transaction's lock on the slot keeps prune's
+            -- TRUNCATE out): exactly the positions in the receipt's lane_seqs,
+            -- whatever committed or was tombstoned since the statement above.
+            v_n := cardinality(v_seqs);
+            IF v_n = v_last - v_cur THEN
+                -- every position of the range is in the receipt (no tombstone,
+                -- no gap): the rows are the range (primary key range scan)
+                RETURN QUERY
+                SELECT p.job_id, p.lease_base + 1, p.attempt + 1, p.max_attempts::int, p_queue, p.kind,
+                    v_prio, p.args, p.metadata, v_slot, v_lid, p.lane_seq, v_claim_slot,
+                    v_claim_id, p.created_at, p.errors, p.callback_result, p.progress
+                FROM __SCHEMA__.ready_entries p
+                WHERE p.ready_slot = v_slot AND p.lane_id = v_lid AND p.lane_seq > v_cur AND p.lane_seq <= v_last
+                ORDER BY p.lane_seq;
+            ELSIF v_n > 0 THEN
+                RETURN QUERY
+                SELECT p.job_id, p.lease_base + 1, p.attempt + 1, p.max_attempts::int, p_queue, p.kind,
+                    v_prio, p.args, p.metadata, v_slot, v_lid, p.lane_seq, v_claim_slot,
+                    v_claim_id, p.created_at, p.errors, p.callback_result, p.progress
+                FROM __SCHEMA__.ready_entries p
+                WHERE p.ready_slot = v_slot AND p.lane_id = v_lid AND p.lane_seq = ANY (v_seqs)
+                ORDER BY p.lane_seq;
             END IF;
             v_bound := 9223372036854775807;
             v_cur := v_last;
@@ -3144,6 +3158,31 @@ BEGIN
         RETURNING 1
     )
     SELECT c.j, c.l FROM checked c WHERE c.stale;
+END $function$;
+
+CREATE OR REPLACE FUNCTION __SCHEMA__.receipt_done_whole(p_claim_slots integer[], p_claim_ids bigint[], p_counts integer[])
+ RETURNS SETOF bigint
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET jit TO 'off'
+AS $function$
+BEGIN
+    -- Index: lease_claims primary key (claim_slot, claim_id), one probe per receipt (LATERAL with
+    -- LIMIT 1, so the generic plan is a nested loop with run-time partition pruning rather than a
+    -- hash join over every claim partition that reads each receipt's arrays); queue_lanes primary key.
+    -- The count check reads run_leases, the smaller of the two arrays.
+    RETURN QUERY
+    INSERT INTO __SCHEMA__.done_receipts (ready_slot, lane_id, claim_id, first_seq, last_seq, queue, job_ids,
+        run_leases)
+    SELECT c.ready_slot, c.lane_id, c.claim_id, c.first_seq, c.last_seq, ql.queue, c.job_ids, c.run_leases
+    FROM unnest(p_claim_slots, p_claim_ids, p_counts) AS u(s, cid, n)
+    CROSS JOIN LATERAL (SELECT x.ready_slot, x.lane_id, x.claim_id, x.first_seq, x.last_seq, x.job_ids,
+                               x.run_leases
+                        FROM __SCHEMA__.lease_claims x
+                        WHERE x.claim_slot = u.s AND x.claim_id = u.cid LIMIT 1) c
+    JOIN __SCHEMA__.queue_lanes ql ON ql.lane_id = c.lane_id
+    WHERE cardinality(c.run_leases) = u.n
+    RETURNING done_receipts.claim_id;
 END $function$;
 
 CREATE OR REPLACE FUNCTION __SCHEMA__.receipt_guard(p_claim_slots integer[], p_claim_ids bigint[])

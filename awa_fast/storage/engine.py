@@ -267,7 +267,9 @@ class Storage(KeyLimitQueries, SessionQueries):
         by the caller as stale), then writes one compact done row per receipt
         of the batch naming the attempts of it that complete here
         (``done_receipts``, migration 0015: no per-job done row or index
-        entry) and closes them: one compact closure row for each receipt in
+        entry; for a receipt whose every attempt is in this batch the row
+        is copied from the receipt's own arrays, migration 0020) and closes
+        them: one compact closure row for each receipt in
         ``whole_receipts`` (every one of its jobs is in this batch), one
         closure row per attempt otherwise. ``with_state`` lists attempts that
         may have an ``attempt_state`` row to delete.
@@ -287,17 +289,39 @@ class Storage(KeyLimitQueries, SessionQueries):
             live = [s for s in snapshots if (s.job_id, s.run_lease) not in stale_set]
         if live:
             cur = conn.cursor()
-            done = cur.execute(self.q["receipt_done_compact"], (
-                _int_array([s.claim_slot for s in live]), _int_array([s.claim_id for s in live]),
-                _int_array([s.job_id for s in live]), _int_array([s.run_lease for s in live]))).fetchall()
-            if sum(int(n) for n, in done) != len(live):
-                # every live receipt is locked and open (receipt_guard): a missing one is a bug, never a skip
-                raise RuntimeError(f"compact done rows cover {sum(int(n) for n, in done)} of {len(live)} attempts")
             whole = {w for w in whole_receipts}
             if stale_set:
                 stale_claims = {s.claim_id for s in snapshots if (s.job_id, s.run_lease) in stale_set}
                 whole = {w for w in whole if w[1] not in stale_claims}
             per_attempt = [s for s in live if (s.claim_slot, s.claim_id) not in whole] if whole else live
+            per_row: Sequence[ClaimSnapshot] = live  # the attempts whose done rows are built from their own ids
+            if whole:
+                # A receipt of which this flush holds every attempt (not only the rest of one that an
+                # earlier flush completed a part of): its done row takes the receipt's own attempt arrays
+                # (receipt_done_whole), so no per-attempt array is sent, parsed or regrouped. The query
+                # writes a row only where the receipt has exactly as many attempts as are held here (all
+                # held ones are its open attempts, receipt_guard); the others go the per-attempt way.
+                held: dict[tuple[int, int], int] = {}
+                for s in live:
+                    key = (s.claim_slot, s.claim_id)
+                    if key in whole:
+                        held[key] = held.get(key, 0) + 1
+                ordered = sorted(held, key=lambda w: w[1])
+                rows = cur.execute(self.q["receipt_done_whole"], (
+                    [w[0] for w in ordered], [w[1] for w in ordered], [held[w] for w in ordered])).fetchall() \
+                    if ordered else []
+                copied = {int(cid) for cid, in rows}
+                if copied:
+                    per_row = [s for s in live if s.claim_id not in copied]  # claim ids are unique
+            if per_row:
+                done = cur.execute(self.q["receipt_done_compact"], (
+                    _int_array([s.claim_slot for s in per_row]), _int_array([s.claim_id for s in per_row]),
+                    _int_array([s.job_id for s in per_row]),
+                    _int_array([s.run_lease for s in per_row]))).fetchall()
+                if sum(int(n) for n, in done) != len(per_row):
+                    # every live receipt is locked and open (receipt_guard): a missing one is a bug, never a skip
+                    raise RuntimeError(f"compact done rows cover {sum(int(n) for n, in done)} of "
+                                       f"{len(per_row)} attempts")
             if whole:
                 conn.execute(self.q["receipt_close_batches"], ([w[0] for w in whole], [w[1] for w in whole]))
             if per_attempt:

@@ -198,3 +198,51 @@ def test_the_bench_completion_probe_reads_both_row_shapes(schema, storage, conn)
     # the commit-timestamp form must at least plan on both tables (xmin qualified); with the
     # setting off the server cannot answer it, so it is asked for no job here
     assert probes.completion_at_by_job(conn, schema, [], commit_timestamp=True) == {}
+
+
+def test_a_whole_receipt_takes_the_receipt_arrays_without_the_per_attempt_statement(schema, storage, conn):
+    """A flush holding every attempt of a receipt writes its done row from the receipt's own arrays
+    (``receipt_done_whole``): in the receipt's order whatever the flush's order, and the statement that
+    builds done rows from per-attempt arrays is not issued at all (here it would fail if it were)."""
+    from awa_fast.storage import Storage
+
+    jobs = [enqueue(schema, conn, Q, {"i": i}) for i in range(6)]
+    snaps = claim(storage, conn, Q, 10)
+    spy = Storage(schema)
+    spy.q = {**storage.q, "receipt_done_compact": "SELECT 1 / 0"}
+    shuffled = [snaps[i] for i in (3, 0, 5, 1, 4, 2)]
+    assert complete(spy, conn, shuffled, whole=True) == []
+    assert compact_rows(conn, schema) == [(snaps[0].claim_id, jobs, [1] * 6)]
+    assert n_rows(conn, schema, "lease_claim_closure_batches") == 1
+    assert counts(storage, conn, Q) == {"completed": 6}
+    assert complete(spy, conn, shuffled, whole=True) == pairs(snaps)  # stale now: nothing more written
+    assert len(compact_rows(conn, schema)) == 1
+
+
+def test_the_rest_of_a_receipt_named_whole_completes_only_the_attempts_held(schema, storage, conn):
+    """The batcher names a receipt whole when a flush holds all its attempts still open, also after an
+    earlier flush completed a part of it: the done row of that flush names only the attempts it holds
+    (never the receipt's whole arrays again), and the receipt is closed as a whole."""
+    jobs = [enqueue(schema, conn, Q, {"i": i}) for i in range(5)]
+    snaps = claim(storage, conn, Q, 10)
+    cid = snaps[0].claim_id
+    assert complete(storage, conn, snaps[:2]) == []
+    assert complete(storage, conn, snaps[2:], whole=True) == []
+    assert compact_rows(conn, schema) == [(cid, jobs[:2], [1, 1]), (cid, jobs[2:], [1, 1, 1])]
+    assert n_rows(conn, schema, "lease_claim_closure_batches") == 1
+    assert counts(storage, conn, Q) == {"completed": 5}
+    assert [load(storage, conn, j)["state"] for j in jobs] == ["completed"] * 5
+
+
+def test_whole_and_partial_receipts_in_one_flush(schema, storage, conn):
+    """Two receipts in one flush, one held whole and one in part: one done row each, each naming
+    exactly the attempts completed (the whole one from the receipt, the other from its attempts)."""
+    first = [enqueue(schema, conn, Q, {"i": i}) for i in range(3)]
+    a = claim(storage, conn, Q, 10)
+    second = [enqueue(schema, conn, Q, {"i": i}) for i in range(3, 7)]
+    b = claim(storage, conn, Q, 10)
+    assert a[0].claim_id != b[0].claim_id
+    with conn.transaction():
+        assert storage.receipt_complete(conn, a + b[:2], {(a[0].claim_slot, a[0].claim_id)}) == []
+    assert compact_rows(conn, schema) == [(a[0].claim_id, first, [1] * 3), (b[0].claim_id, second[:2], [1, 1])]
+    assert counts(storage, conn, Q) == {"completed": 5, "running": 2}
