@@ -38,6 +38,7 @@ from awa_fast.jobs import TIMEOUT_KEY, AttemptClosed, JobSpec
 from awa_fast.limits import KEEP, check_concurrency_key
 from awa_fast.records import int_in
 from awa_fast.storage import connect, redact_dsn
+from awa_fast.storage.connection import PoolConnection
 from awa_fast.unique import Unique
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -232,8 +233,8 @@ class App(AdminMixin, Client):
                     self.storage.schema_check(probe)
                 finally:
                     probe.close()
-                pool = ConnectionPool(dsn, min_size=1, max_size=self.pool_size, open=False,
-                                      name=f"awa_fast:{self.storage.schema}",
+                pool = ConnectionPool(dsn, connection_class=PoolConnection, min_size=1, max_size=self.pool_size,
+                                      open=False, name=f"awa_fast:{self.storage.schema}",
                                       kwargs={"application_name": self._application_name(),
                                               "autocommit": True})
                 # Wait for the first connection before the first caller asks: a caller
@@ -291,6 +292,12 @@ class App(AdminMixin, Client):
         if conn is not None:
             return contextlib.nullcontext(conn)
         return self._pool().connection()  # type: ignore[no-any-return]
+
+    def _single_target(self, target: psycopg.Connection, own: bool) -> psycopg.Connection | psycopg.Cursor[Any]:
+        # the pool's connection is this thread's alone until the call returns: reuse its cursor
+        if own and isinstance(target, PoolConnection):
+            return target.enqueue_cursor()
+        return target
 
     @contextlib.asynccontextmanager
     async def _aconn_scope(self, conn: psycopg.AsyncConnection | None) -> AsyncIterator[psycopg.AsyncConnection]:

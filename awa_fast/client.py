@@ -248,7 +248,17 @@ class Client:
                 return self.storage.job_enqueue_keyed(target, q, prio, kind, a, m, attempts, when, wait, key)
             if unique:
                 return _unique.enqueue_one(self.storage, target, unique, q, prio, kind, a, m, attempts, when, wait)
-            return self.storage.job_enqueue(target, q, prio, kind, a, m, attempts, when, wait)
+            return self.storage.job_enqueue(self._single_target(target, conn is None), q, prio, kind, a, m,
+                                            attempts, when, wait)
+
+    def _single_target(self, target: psycopg.Connection, own: bool) -> psycopg.Connection | psycopg.Cursor[Any]:
+        """What a single enqueue runs its one statement on: here always the connection itself.
+
+        A caller's connection may be shared by several threads, and the client's own one is not
+        promised to be thread-safe, so each call gets a new cursor (``conn.execute``).
+        :class:`awa_fast.App` reuses one cursor per connection of its pool (``own``).
+        """
+        return target
 
     async def enqueue_async(self, kind: str, args: Any = None, *, conn: psycopg.AsyncConnection,
                             queue: str | None = None, priority: int | None = None,

@@ -14,7 +14,9 @@ small schema and its own SQL (nothing of awa-fast's):
   ``--fused`` (the closure of batch k and the claim of k+1 in one statement).
 
 It also measures the COPY load (psycopg ``write_row`` and a prebuilt binary
-buffer) and durable commits per second with 1 and 4 clients.
+buffer), durable commits per second with 1 and 4 clients (threads), and with 10
+processes (``perf/producers_floor.py``'s plain arm: the floor of the 10-producer
+scenario, one prepared one-row INSERT per durable transaction per process).
 
     python perf/floor.py --dsn DSN                 # 1 and 2 processes x batch 64 and 1024
     python perf/floor.py --dsn DSN --json --save   # JSON on stdout and in perf/results/
@@ -39,6 +41,7 @@ import time
 from typing import Any
 
 import psycopg
+from producers_floor import plain_commits_per_s
 
 SCHEMA_SQL = """
 DROP SCHEMA IF EXISTS floor CASCADE;
@@ -313,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
             "copy_prebuilt_build_jobs_per_s": round(n / build, 1),
             "commits_per_s_1_client": commits_per_s(dsn, 1),
             "commits_per_s_4_clients": commits_per_s(dsn, 4),
+            "commits_per_s_10_processes": plain_commits_per_s(dsn, "floor_procs", 10, 5.0),
             "drain": [],
         }
         variants = [False, True] if args.fused else [False]
@@ -345,7 +349,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{results['copy_prebuilt_jobs_per_s']:,.0f}/s "
               f"(building it: {results['copy_prebuilt_build_jobs_per_s']:,.0f}/s)")
         print(f"  durable commits: {results['commits_per_s_1_client']:,.0f}/s with 1 client, "
-              f"{results['commits_per_s_4_clients']:,.0f}/s with 4")
+              f"{results['commits_per_s_4_clients']:,.0f}/s with 4, "
+              f"{results['commits_per_s_10_processes']:,.0f}/s with 10 processes")
         for r in results["drain"]:
             print(f"  drain {r['processes']} proc x batch {r['batch']}{' fused' if r['fused'] else ''}: "
                   f"{r['jobs_per_s']:,.0f} jobs/s")

@@ -1,4 +1,4 @@
-"""Opening and closing connections, DSN redaction and storable text."""
+"""Opening and closing connections, the App pool's connection class, DSN redaction and storable text."""
 
 from __future__ import annotations
 
@@ -7,6 +7,26 @@ from typing import Any
 import psycopg
 
 from awa_fast.errors import ConfigError, DatabaseUnavailable
+
+
+class PoolConnection(psycopg.Connection[Any]):
+    """A connection of an App's own pool; it keeps one cursor for single enqueues.
+
+    The pool hands a connection to one thread at a time (from ``getconn`` to
+    ``putconn``), so that cursor is never shared. A new cursor per call
+    (``conn.execute``) builds a new psycopg Transformer: ~14 µs of client CPU,
+    a fifth of an ``App.enqueue`` (docs/performance-log.md, 2026-12-02 producers).
+    A caller's own connection may be shared by threads: it never gets one.
+    """
+
+    _enqueue_cur: psycopg.Cursor[Any] | None = None
+
+    def enqueue_cursor(self) -> psycopg.Cursor[Any]:
+        """The connection's single-enqueue cursor, created on first use."""
+        cur = self._enqueue_cur
+        if cur is None or cur.closed:
+            cur = self._enqueue_cur = self.cursor()
+        return cur
 
 
 def close_quietly(conn: psycopg.Connection | None) -> None:

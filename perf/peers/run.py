@@ -224,6 +224,13 @@ def report(results: dict[str, Any]) -> str:
                      f"{fl['copy_write_row_jobs_per_s']:,.0f}"] + ["" for _ in cols[1:]])
         rows.append(["floor commits/s 1 / 4 clients", f"{fl['commits_per_s_1_client']:,.0f} / "
                      f"{fl['commits_per_s_4_clients']:,.0f}"] + ["" for _ in cols[1:]])
+        if fl.get("commits_per_s_10_processes"):
+            rows.append(["floor commits/s 10 processes (10-producer floor)",
+                         f"{fl['commits_per_s_10_processes']:,.0f}"] + ["" for _ in cols[1:]])
+            ins = dig(results["systems"].get("awa-fast", {}), ("concurrent-insert", "jobs_per_s"))
+            if ins:
+                rows.append(["awa-fast 10 producers / 10-process floor",
+                             f"{ins / fl['commits_per_s_10_processes']:.0%}"] + ["" for _ in cols[1:]])
     header = ["metric", *cols]
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(header, widths, strict=True))]
