@@ -7,19 +7,22 @@ Same functions, signatures and behaviour as the pure-Python twin
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from awa_fast.jobs import ClaimSnapshot, Job
+from awa_fast.jobs import AttemptClosed, ClaimSnapshot, Job
 
 __all__ = [
     "COPY_HEADER",
     "COPY_TRAILER",
     "MAX_DEPTH_LIMIT",
     "check_payload",
+    "claim_summary",
     "decode_snapshots",
     "dump_payloads",
     "encode_closure_rows",
     "encode_done_rows",
     "encode_ready_rows",
+    "flush_tally",
     "new_jobs",
+    "raw_jsonb",
 ]
 
 COPY_HEADER: bytes
@@ -55,3 +58,12 @@ def decode_snapshots(rows: Iterable[Sequence[Any]]) -> list[ClaimSnapshot]: ...
 def new_jobs(
     snapshots: Sequence[ClaimSnapshot], args_types: dict[str, type | None], runtime: Any
 ) -> list[Job[Any]]: ...
+def flush_tally(
+    pairs: Sequence[tuple[Job[Any], Any]],
+    stale: set[tuple[int, int]],
+    offset: float,
+    committed: float,
+    closed: list[AttemptClosed] | None,
+) -> tuple[list[tuple[int, int]], int, dict[str, int], list[float], list[float], list[float]]: ...
+def raw_jsonb(data: bytes | bytearray | memoryview) -> bytes: ...
+def claim_summary(snapshots: Iterable[ClaimSnapshot]) -> tuple[dict[int, int], set[str]]: ...

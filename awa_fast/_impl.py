@@ -25,18 +25,21 @@ from types import ModuleType
 from typing import Any, Protocol, cast
 
 from awa_fast.errors import ConfigError, ImplementationUnavailable
-from awa_fast.jobs import ClaimSnapshot, Job
+from awa_fast.jobs import AttemptClosed, ClaimSnapshot, Job
 
 __all__ = [
     "IMPL",
     "Codec",
     "check_payload",
+    "claim_summary",
     "decode_snapshots",
     "dump_payloads",
     "encode_closure_rows",
     "encode_done_rows",
     "encode_ready_rows",
+    "flush_tally",
     "new_jobs",
+    "raw_jsonb",
 ]
 
 ENV_VAR = "AWA_FAST_IMPL"
@@ -77,6 +80,14 @@ class Codec(Protocol):
 
     def new_jobs(self, snapshots: Sequence[ClaimSnapshot], args_types: dict[str, type | None],
                  runtime: Any) -> list[Job[Any]]: ...
+
+    def flush_tally(self, pairs: Sequence[tuple[Job[Any], Any]], stale: set[tuple[int, int]], offset: float,
+                    committed: float, closed: list[AttemptClosed] | None,
+                    ) -> tuple[list[tuple[int, int]], int, dict[str, int], list[float], list[float], list[float]]: ...
+
+    def raw_jsonb(self, data: bytes | bytearray | memoryview) -> bytes: ...
+
+    def claim_summary(self, snapshots: Iterable[ClaimSnapshot]) -> tuple[dict[int, int], set[str]]: ...
 
 
 def _load_c() -> ModuleType:
@@ -128,3 +139,6 @@ encode_done_rows = _codec_api.encode_done_rows
 encode_closure_rows = _codec_api.encode_closure_rows
 decode_snapshots = _codec_api.decode_snapshots
 new_jobs = _codec_api.new_jobs
+flush_tally = _codec_api.flush_tally
+raw_jsonb = _codec_api.raw_jsonb
+claim_summary = _codec_api.claim_summary

@@ -43,19 +43,23 @@ from operator import index as _index
 from typing import Any
 
 from awa_fast.errors import PayloadError
-from awa_fast.jobs import ClaimSnapshot, Job
+from awa_fast.jobs import AttemptClosed, ClaimSnapshot, Job
+from awa_fast.outcomes import COMPLETED, Unwritten
 
 __all__ = [
     "COPY_HEADER",
     "COPY_TRAILER",
     "MAX_DEPTH_LIMIT",
     "check_payload",
+    "claim_summary",
     "decode_snapshots",
     "dump_payloads",
     "encode_closure_rows",
     "encode_done_rows",
     "encode_ready_rows",
+    "flush_tally",
     "new_jobs",
+    "raw_jsonb",
 ]
 
 COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + b"\x00\x00\x00\x00" + b"\x00\x00\x00\x00"
@@ -440,3 +444,77 @@ def new_jobs(snapshots: Sequence[ClaimSnapshot], args_types: dict[str, type | No
     """``[Job(s, args_types.get(s.kind), runtime) for s in snapshots]``: the jobs of one claim."""
     get = args_types.get
     return [Job(s, get(s.kind), runtime) for s in snapshots]
+
+
+def flush_tally(pairs: Sequence[tuple[Job[Any], Any]], stale: set[tuple[int, int]], offset: float,
+                committed: float, closed: list[AttemptClosed] | None,
+                ) -> tuple[list[tuple[int, int]], int, dict[str, int], list[float], list[float], list[float]]:
+    """One pass over a completion flush's ``(job, outcome)`` pairs (the claimer's ``flushed``).
+
+    Returns ``(keys, completed, other, e2e, pickup, handler)``: every job's
+    key, in order; how many closed as the shared ``COMPLETED`` and not
+    ``stale``; the count of every other way they closed (``stale`` or the
+    outcome code's ``closed_as``; a job parked for a callback counts
+    nowhere); and the latency samples, in seconds on this process's clock:
+    ``committed`` minus ``created_at`` (``timestamp() - offset``, converted
+    once per run of equal values) for every job not stale, ``started_at``
+    minus it for those whose handler started, and ``finished_at`` minus
+    ``started_at`` for those whose handler returned. ``closed``, unless None,
+    gets one :class:`AttemptClosed` per job that is not parked.
+    """
+    keys: list[tuple[int, int]] = []
+    completed = 0
+    other: dict[str, int] = {}
+    e2e: list[float] = []
+    pickup: list[float] = []
+    handler: list[float] = []
+    last_at: Any = None  # the created_at converted last, and its value on this process's clock
+    created = 0.0
+    for job, outcome in pairs:
+        key = job.key
+        keys.append(key)
+        started = job.started_at
+        if started:
+            finished = getattr(job, "finished_at", 0.0)  # unset: the handler has not returned
+            if finished:
+                handler.append(finished - started)
+        if outcome is COMPLETED and not (stale and key in stale):
+            what = "completed"
+            completed += 1
+        elif outcome is Unwritten.PARKED:
+            continue
+        else:
+            what = "stale" if outcome is Unwritten.STALE or (stale and key in stale) else outcome.code.closed_as
+            other[what] = other.get(what, 0) + 1
+        if closed is not None:
+            closed.append(AttemptClosed(job.id, job.run_lease, job.kind, what, started or 0.0, committed))
+        if what == "stale":
+            continue
+        at = job.snapshot.created_at
+        if at != last_at:
+            last_at = at
+            created = at.timestamp() - offset
+        e2e.append(committed - created)
+        if started:
+            pickup.append(started - created)
+    return keys, completed, other, e2e, pickup, handler
+
+
+def raw_jsonb(data: bytes | bytearray | memoryview) -> bytes:
+    """``bytes(memoryview(data)[1:])``: a binary jsonb value as its JSON text (the version byte dropped).
+
+    The ``load`` of the claim connection's binary jsonb loader (``runtime.claimer``): one call per
+    jsonb value of a claimed row.
+    """
+    return bytes(memoryview(data)[1:])
+
+
+def claim_summary(snapshots: Iterable[ClaimSnapshot]) -> tuple[dict[int, int], set[str]]:
+    """A claim's receipts and kinds in one pass: ``claim_id -> its jobs`` (in first-seen order) and the kinds."""
+    counts: dict[int, int] = {}
+    kinds: set[str] = set()
+    for s in snapshots:
+        cid = s.claim_id
+        counts[cid] = counts.get(cid, 0) + 1
+        kinds.add(s.kind)
+    return counts, kinds

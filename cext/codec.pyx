@@ -44,12 +44,15 @@ __all__ = [
     "COPY_TRAILER",
     "MAX_DEPTH_LIMIT",
     "check_payload",
+    "claim_summary",
     "decode_snapshots",
     "dump_payloads",
     "encode_closure_rows",
     "encode_done_rows",
     "encode_ready_rows",
+    "flush_tally",
     "new_jobs",
+    "raw_jsonb",
 ]
 
 COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + b"\x00\x00\x00\x00" + b"\x00\x00\x00\x00"
@@ -80,4 +83,5 @@ include "errors.pyx"
 include "fields.pyx"
 include "payload.pyx"
 include "snapshots.pyx"
+include "flush.pyx"
 include "copy_rows.pyx"

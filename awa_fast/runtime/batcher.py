@@ -21,11 +21,9 @@ The only calls back to its owner are the three of :class:`FlushSink`.
 from __future__ import annotations
 
 import logging
-import operator
 import queue
 import threading
 import time
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -41,7 +39,6 @@ from awa_fast.storage import RawJson, Storage, close_quietly, connect
 log = logging.getLogger("awa_fast.batcher")
 
 Closed = tuple[Job[Any], Outcome | Unwritten]  # one finished attempt, as the executor hands it on
-_CLAIM_ID = operator.attrgetter("claim_id")
 
 
 # -- messages on the batcher's queue (one type each; the batcher thread tells them apart by type) --
@@ -133,9 +130,13 @@ class CompletionBatcher:
 
     # -- producer side (claimer and handler threads) ----------------------------
 
-    def register_receipts(self, snapshots: Sequence[ClaimSnapshot]) -> None:
-        """Tell the batcher how many outcomes each receipt of a claim will produce."""
-        self._q.put(_Receipts(Counter(map(_CLAIM_ID, snapshots))))  # C loops: a claim has a few receipts
+    def register_receipts(self, counts: dict[int, int]) -> None:
+        """Tell the batcher how many outcomes each receipt (claim_id) of a claim will produce.
+
+        ``counts``: the codec's ``claim_summary`` of the claim's snapshots (one C pass, which
+        also gives the executor the claim's kinds).
+        """
+        self._q.put(_Receipts(counts))
 
     def submit(self, job: Job[Any], outcome: Outcome | Unwritten) -> None:
         """Queue one attempt's outcome for the next flush."""
@@ -255,9 +256,19 @@ class CompletionBatcher:
         results: list[tuple[Job[Any], RawJson]] = []
         per_receipt: dict[int, list[int]] = {}  # claim_id -> [completions, all]
         known_stale: list[tuple[int, int]] = []
+        slots: dict[int, int] = {}  # claim_id -> claim_slot, from its first job in the batch
+        last_cid = None
+        counts = [0, 0]
         for job, outcome in batch:
             s = job.snapshot
-            counts = per_receipt.setdefault(s.claim_id, [0, 0])
+            cid = s.claim_id
+            if cid != last_cid:  # a receipt's jobs come in runs: one lookup per run, no list per job
+                last_cid = cid
+                got = per_receipt.get(cid)
+                if got is None:
+                    got = per_receipt[cid] = [0, 0]
+                    slots[cid] = s.claim_slot
+                counts = got
             counts[1] += 1
             if outcome is COMPLETED:  # the common case first: a plain completion
                 if not job.lease_backed:
@@ -280,8 +291,7 @@ class CompletionBatcher:
         whole = []
         for cid, (n_complete, n_all) in per_receipt.items():
             if n_complete == n_all and self._remaining.get(cid) == n_all:
-                slot = next(j.snapshot.claim_slot for j, _ in batch if j.snapshot.claim_id == cid)
-                whole.append((slot, cid))
+                whole.append((slots[cid], cid))
         stateful = self._sink.stateful_among(j.key for j, _ in batch)  # lazy: usually none
         with_state = [s for s in completes if (s.job_id, s.run_lease) in stateful] if stateful else []
         if results:

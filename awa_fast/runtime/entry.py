@@ -23,7 +23,7 @@ def die_with_parent() -> None:
 
 
 #: The young-generation threshold of a claimer process (CPython's default is 700).
-CLAIMER_GC_THRESHOLD = 10_000
+CLAIMER_GC_THRESHOLD = 100_000
 
 
 def tune_gc() -> None:
@@ -36,9 +36,13 @@ def tune_gc() -> None:
     forked process every ~50k jobs: 10-15% of the claimer's CPU. Everything
     loaded so far (the app and its imports, inherited from the supervisor)
     is frozen out of the collector's reach, and a young collection waits for
-    :data:`CLAIMER_GC_THRESHOLD` net new objects; garbage cycles a handler
-    leaves are still collected, a little later. Only the claimer process
-    does this: an in-process worker leaves its host's collector alone.
+    :data:`CLAIMER_GC_THRESHOLD` net new objects. At 10,000 a 600k-job drain
+    still ran ~23 young collections per claimer at ~6 ms each (0.44 us of
+    CPU per job); at 100,000 it runs 1-2 (15-19 ms each, 0.09 us per job:
+    docs/performance-log.md, py-drain). Garbage cycles a handler leaves are
+    still collected, after at most that many net new objects. Only the
+    claimer process does this: an in-process worker leaves its host's
+    collector alone.
     """
     import gc
 

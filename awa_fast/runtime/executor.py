@@ -217,10 +217,11 @@ class Executor:
 
     # -- dispatch ---------------------------------------------------------------------
 
-    def dispatch(self, jobs: list[Job[Any]]) -> None:
-        """Run freshly claimed jobs (the claim loop's thread)."""
+    def dispatch(self, jobs: list[Job[Any]], kinds: set[str] | None = None) -> None:
+        """Run freshly claimed jobs (the claim loop's thread); ``kinds``: theirs, if the caller has them."""
         registry = self.registry
-        kinds = {j.snapshot.kind for j in jobs}  # one claim holds a few kinds: decide per kind, not per job
+        # one claim holds a few kinds: decide per kind, not per job (a copy: changed below)
+        kinds = {j.snapshot.kind for j in jobs} if kinds is None else set(kinds)
         if not kinds.issubset(registry):
             self._unknown_kinds([j for j in jobs if j.snapshot.kind not in registry])
             jobs = [j for j in jobs if j.snapshot.kind in registry]

@@ -31,7 +31,8 @@ from hypothesis import strategies as st
 import awa_fast
 import awa_fast._pycodec as pycodec
 from awa_fast.errors import PayloadError
-from awa_fast.jobs import CLOSURE_COMPLETED, ClaimSnapshot, Job
+from awa_fast.jobs import CLOSURE_COMPLETED, AttemptClosed, ClaimSnapshot, Job
+from awa_fast.outcomes import COMPLETED, CloseCode, Outcome, Unwritten
 
 ccodec: types.ModuleType | None
 try:
@@ -662,6 +663,128 @@ def test_new_jobs_references_and_collection(codec: types.ModuleType) -> None:
 def test_c_uses_fast_job_layout(c_codec: types.ModuleType) -> None:
     """If Job changes shape or its __init__ stores anything else, the probe turns the C path off."""
     assert c_codec._fast_jobs is True
+
+
+# --------------------------------------------------------------------------
+# flush_tally (the claimer's pass over a completion flush)
+
+
+class _JobLike:
+    """Not a Job: flush_tally must read it by attribute (the C path's getattr fallback)."""
+
+    def __init__(self, job: Job[Any]) -> None:
+        self.key, self.snapshot, self.started_at = job.key, job.snapshot, job.started_at
+        self.id, self.run_lease, self.kind = job.id, job.run_lease, job.kind
+        if hasattr(job, "finished_at"):
+            self.finished_at = job.finished_at
+
+
+def _tally_by_hand(pairs: list[tuple[Any, Any]], stale: set[tuple[int, int]], offset: float,
+                   committed: float) -> tuple[Any, ...]:
+    """What a flush counts, written out case by case (independent of both implementations)."""
+    keys = [j.key for j, _ in pairs]
+    completed = 0
+    other: dict[str, int] = {}
+    e2e, pickup, handler, closed = [], [], [], []
+    for job, out in pairs:
+        if job.started_at and getattr(job, "finished_at", 0.0):
+            handler.append(job.finished_at - job.started_at)
+        if out is Unwritten.PARKED:
+            continue
+        if out is Unwritten.STALE or job.key in stale:
+            what = "stale"
+        elif out is COMPLETED:
+            what = "completed"
+        else:
+            what = out.code.closed_as
+        if out is COMPLETED and what == "completed":  # the shared record; an equal Outcome counts as "other"
+            completed += 1
+        else:
+            other[what] = other.get(what, 0) + 1
+        closed.append(AttemptClosed(job.id, job.run_lease, job.kind, what, job.started_at or 0.0, committed))
+        if what != "stale":
+            created = job.snapshot.created_at.timestamp() - offset
+            e2e.append(committed - created)
+            if job.started_at:
+                pickup.append(job.started_at - created)
+    return keys, completed, other, e2e, pickup, handler, closed
+
+
+def _flush_pairs() -> list[tuple[Any, Any]]:
+    t0 = NOW.timestamp()
+    pairs: list[tuple[Any, Any]] = []
+    outs: list[Any] = [COMPLETED, COMPLETED, Outcome(CloseCode.RETRY, error="x"), Unwritten.PARKED,
+                       Unwritten.STALE, Outcome(CloseCode.SNOOZE, 0.0), Outcome(CloseCode.COMPLETE),
+                       Outcome(CloseCode.CANCEL), Outcome(CloseCode.FAIL, error="y")]
+    for i in range(60):
+        # runs of equal created_at (jobs enqueued together), then a new one every 7 jobs
+        snap = snapshot(i, created_at=NOW + dt.timedelta(seconds=i // 7), kind=f"k{i % 3}")
+        (job,) = new_jobs_py([snap])
+        if i % 5:  # some never started
+            job.started_at = t0 + 10.0 + i
+            if i % 4:  # some started and not returned
+                job.finished_at = t0 + 10.5 + i * 1.25
+        pairs.append((job if i % 11 else _JobLike(job), outs[i % len(outs)]))
+    return pairs
+
+
+def new_jobs_py(snaps: list[ClaimSnapshot]) -> list[Job[Any]]:
+    return [Job(s, None, None) for s in snaps]
+
+
+def test_flush_tally_counts_and_samples_every_case(codec: types.ModuleType) -> None:
+    pairs = _flush_pairs()
+    stale = {pairs[0][0].key, pairs[2][0].key, pairs[10][0].key}  # a completed, a retried one and a parked one
+    offset, committed = -3.25, NOW.timestamp() + 100.0
+    closed: list[AttemptClosed] = []
+    got = codec.flush_tally(pairs, stale, offset, committed, closed)
+    want = _tally_by_hand(pairs, stale, offset, committed)
+    assert got == want[:6] and closed == want[6]
+    keys, completed, other, e2e, pickup, handler = got
+    assert completed > 0 and set(other) == {"stale", "retried", "snoozed", "completed", "cancelled", "failed"}
+    assert len(e2e) > len(pickup) > 0 and handler and len(keys) == len(pairs)
+    # no listeners: nothing built for them, the same counts
+    assert codec.flush_tally(pairs, stale, offset, committed, None) == want[:6]
+    assert codec.flush_tally(iter(pairs), set(), 0.0, committed, None) == _tally_by_hand(pairs, set(), 0.0,
+                                                                                          committed)[:6]
+    assert codec.flush_tally([], set(), 0.0, 0.0, None) == ([], 0, {}, [], [], [])
+
+
+def test_flush_tally_c_matches_the_twin_and_raises_alike(c_codec: types.ModuleType) -> None:
+    pairs = _flush_pairs()
+    stale = {pairs[5][0].key}
+    assert c_codec.flush_tally(pairs, stale, 1.5, 2e9, []) == pycodec.flush_tally(pairs, stale, 1.5, 2e9, [])
+    for bad in ([(1, 2)], [(pairs[0][0],)], [object()]):
+        assert outcome(c_codec.flush_tally, bad, set(), 0.0, 0.0, None)[:2] == \
+            outcome(pycodec.flush_tally, bad, set(), 0.0, 0.0, None)[:2]
+
+
+def test_raw_jsonb_drops_the_version_byte(codec: types.ModuleType) -> None:
+    text = '{"a": "ünï ✓", "b": [1, 2]}'.encode()
+    for data in (b"\x01" + text, memoryview(b"\x01" + text), bytearray(b"\x01" + text)):
+        got = codec.raw_jsonb(data)
+        assert type(got) is bytes and got == text
+    assert codec.raw_jsonb(b"\x01") == b"" and codec.raw_jsonb(b"") == b""
+    assert codec.raw_jsonb(memoryview(b"\x01x" * 3)[2:]) == b"x\x01x"  # a view into a bigger buffer
+    with pytest.raises(TypeError):
+        codec.raw_jsonb("not a buffer")
+
+
+def test_claim_summary_counts_receipts_and_kinds(codec: types.ModuleType) -> None:
+    from collections import Counter
+
+    # runs of a receipt, a receipt that comes back after another (9001 ... 9000), kinds as equal
+    # strings that are different objects, and an object that is not a ClaimSnapshot
+    cids = [9000] * 5 + [9001] * 3 + [9000] * 2 + [9002] + [9001]
+    snaps: list[Any] = [snapshot(i, claim_id=c, kind="".join(["k", str(i % 3)])) for i, c in enumerate(cids)]
+    snaps.append(_SnapshotLike(snapshot(99, claim_id=9003, kind="k0")))
+    counts, kinds = codec.claim_summary(snaps)
+    assert type(counts) is dict and counts == Counter(s.claim_id for s in snaps) == {9000: 7, 9001: 4, 9002: 1,
+                                                                                     9003: 1}
+    assert list(counts) == [9000, 9001, 9002, 9003]  # first-seen order, as the batcher got it before
+    assert kinds == {"k0", "k1", "k2"}
+    assert codec.claim_summary(iter(snaps[:3])) == ({9000: 3}, {"k0", "k1", "k2"})
+    assert codec.claim_summary([]) == ({}, set())
 
 
 # --------------------------------------------------------------------------
