@@ -31,10 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from psycopg.adapt import Loader
-from psycopg.pq import Format
 
-from awa_fast._impl import claim_summary, flush_tally, new_jobs, raw_jsonb
+from awa_fast._impl import claim_summary, flush_tally, new_jobs
 from awa_fast.errors import DatabaseUnavailable
 from awa_fast.jobs import MAX_PROGRESS_BYTES, AttemptClosed, ClaimSnapshot, Job, JobSpec
 from awa_fast.limits import LimitWatch
@@ -133,17 +131,6 @@ def claim_ahead(size: int, adaptive: bool, avg_handler_s: float | None = None, c
         return 2 * size
     budget = int(2 * concurrency * LOCAL_WORK_S / max(avg_handler_s, 1e-9))  # jobs in 2 x LOCAL_WORK_S
     return size + max(0, min(size, budget - size))
-
-
-class ClaimJsonbLoader(Loader):
-    """The claim connection's binary ``jsonb`` loader: raw JSON bytes, as ``use_raw_jsonb``'s.
-
-    Its ``load`` is the codec's ``raw_jsonb`` itself, so psycopg calls C
-    once per value instead of a Python method that slices and copies.
-    """
-
-    format = Format.BINARY
-    load = staticmethod(raw_jsonb)
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,10 +277,7 @@ class Claimer:
             self._claim_conn = connect(self.config.dsn,
                                        application_name=f"awa_fast:claimer:{self.config.queue}#{self.config.stripe}",
                                        connect_timeout=int(self.config.io_timeout + 0.999))
-            use_raw_jsonb(self._claim_conn)
-            # The claim's rows are binary: their jsonb values (args, metadata, ...) as the same raw
-            # JSON bytes, cut from the version byte in one codec call per value (no Python frame).
-            self._claim_conn.adapters.register_loader("jsonb", ClaimJsonbLoader)
+            use_raw_jsonb(self._claim_conn)  # the claim's jsonb values as raw JSON bytes, cut by the codec
             # Snapshots' created_at in UTC: psycopg's loader skips the zone conversion it does
             # for a named zone ('Etc/UTC', 'Europe/Paris', ...), ~0.45 us of every claimed job.
             self.storage.session_utc(self._claim_conn)

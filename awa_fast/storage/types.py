@@ -13,6 +13,7 @@ import psycopg
 from psycopg.adapt import Buffer, Dumper, Loader
 from psycopg.pq import Format
 
+from awa_fast._impl import raw_jsonb
 from awa_fast.outcomes import CloseCode
 
 JSONB_OID = 3802
@@ -41,10 +42,16 @@ class _RawJsonbTextLoader(Loader):
 
 
 class _RawJsonbBinaryLoader(Loader):
-    format = Format.BINARY
+    """Binary ``jsonb``: the version byte, then the JSON text, cut by the codec's ``raw_jsonb``.
 
-    def load(self, data: Buffer) -> bytes:
-        return bytes(data[1:])  # jsonb binary: version byte, then the text
+    Its ``load`` is the codec function itself, so psycopg calls C once per
+    value instead of a Python method that slices and copies (a claim's
+    fetchall of 100k rows: 311 against 381 ns a row; performance-log,
+    py-drain).
+    """
+
+    format = Format.BINARY
+    load = staticmethod(raw_jsonb)
 
 
 psycopg.adapters.register_dumper(RawJson, _RawJsonDumper)

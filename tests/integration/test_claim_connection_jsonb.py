@@ -1,7 +1,7 @@
 """The claim connection's jsonb values come back as the raw JSON text, through the codec's loader.
 
-The claimer registers ``ClaimJsonbLoader`` (its ``load`` is the codec's
-``raw_jsonb``) on its claim connection for binary jsonb. A claim on that
+The claimer's claim connection uses storage's raw jsonb loaders
+(``use_raw_jsonb``); the binary one's ``load`` is the codec's ``raw_jsonb``. A claim on that
 connection must give what storage's own raw loader gives: the args and
 metadata as enqueued (JSON text bytes), NULL as None, big and non-ASCII
 values intact.
@@ -17,7 +17,8 @@ from psycopg.pq import Format
 from awa_fast import _impl
 from awa_fast.client import Client
 from awa_fast.jobs import JobSpec
-from awa_fast.runtime.claimer import Claimer, ClaimerConfig, ClaimJsonbLoader
+from awa_fast.runtime.claimer import Claimer, ClaimerConfig
+from awa_fast.storage import types as storage_types
 from tests.integration.storage_helpers import claim
 
 PAYLOADS = [
@@ -40,7 +41,8 @@ def test_the_claim_connection_loads_binary_jsonb_with_the_codec(pg_dsn: str, sch
     conn = claimer._claim_connection()  # noqa: SLF001 - the connection the claim loop claims on
     try:
         loader = conn.adapters.get_loader(conn.adapters.types["jsonb"].oid, Format.BINARY)
-        assert loader is ClaimJsonbLoader and ClaimJsonbLoader.load is _impl.raw_jsonb
+        raw_loader = storage_types._RawJsonbBinaryLoader  # noqa: SLF001 - the loader use_raw_jsonb registers
+        assert loader is raw_loader and raw_loader.load is _impl.raw_jsonb
     finally:
         conn.close()
 
