@@ -220,12 +220,13 @@ class Executor:
     def dispatch(self, jobs: list[Job[Any]], kinds: set[str] | None = None) -> None:
         """Run freshly claimed jobs (the claim loop's thread); ``kinds``: theirs, if the caller has them."""
         registry = self.registry
-        # one claim holds a few kinds: decide per kind, not per job (a copy: changed below)
-        kinds = {j.snapshot.kind for j in jobs} if kinds is None else set(kinds)
+        # one claim holds a few kinds: decide per kind, not per job (the caller's set is not changed)
+        if kinds is None:
+            kinds = {j.snapshot.kind for j in jobs}
         if not kinds.issubset(registry):
             self._unknown_kinds([j for j in jobs if j.snapshot.kind not in registry])
             jobs = [j for j in jobs if j.snapshot.kind in registry]
-            kinds &= registry.keys()
+            kinds = kinds & registry.keys()
         async_kinds = {k for k in kinds if registry[k].is_async} if self._loop is not None else set()
         if not async_kinds:
             sync_jobs, async_jobs = jobs, []
