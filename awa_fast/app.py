@@ -361,7 +361,9 @@ class App(AdminMixin, Client):
 
         ``closed`` lists the flush's attempts as :class:`AttemptClosed`. It
         runs on the batcher's thread, so keep it short; an exception it
-        raises is logged and never affects the queue. Register at import
+        raises never affects the queue and is logged with its traceback at
+        most once a minute per listener (the next such line counts the
+        failures in between). Register at import
         time of the app module (claimer processes load the app themselves).
         """
         self.flush_listeners.append(fn)

@@ -64,6 +64,8 @@ _BUSY_PAUSE_MAX = 0.02
 
 
 _WAITING_EVERY_S = 0.1
+#: A failing flush listener's traceback is logged at most this often (seconds); the rest are counted.
+LISTENER_LOG_EVERY_S = 60.0
 
 
 def _no_samples() -> dict[str, list[float]]:
@@ -228,6 +230,7 @@ class Claimer:
         self._heartbeat_failures_published = 0
         self._waiting = 0  # the waiting gauge as last computed, and when (monotonic)
         self._waiting_at = -1e9
+        self._listener_quiet: dict[int, tuple[float, int]] = {}  # listener index -> (logged at, failures since)
         self._stats_lock = threading.Lock()  # claim loop and batcher thread both count
 
     # -- lifecycle --------------------------------------------------------------------
@@ -494,15 +497,32 @@ class Claimer:
             samples["flush_jobs"].append(len(pairs))
             samples["flush_seconds"].append(report.seconds)
         if closed:
-            for listener in self.flush_listeners:
+            for i, listener in enumerate(self.flush_listeners):
                 try:
                     listener(closed)
                 except Exception:  # noqa: BLE001 - a listener never breaks the queue
-                    log.exception("flush listener %r failed", listener, extra={"action": "flush_listener_error"})
+                    self._listener_failed(i, listener)
         if report.stale:
             log.info("%d stale outcomes rejected (attempt rescued or closed elsewhere)", len(report.stale),
                      extra={"action": "stale_outcomes"})
         self._publish()
+
+    def _listener_failed(self, i: int, listener: Callable[..., Any]) -> None:
+        """Log a flush listener's failure (in its except block): with its traceback at most once a minute.
+
+        A listener that always fails would otherwise write a traceback per
+        flush, several a second, and bury every other line of the log; the
+        failures in between are counted in the next one logged.
+        """
+        now = time.monotonic()
+        logged_at, quiet = self._listener_quiet.get(i, (-LISTENER_LOG_EVERY_S, 0))
+        if now - logged_at < LISTENER_LOG_EVERY_S:
+            self._listener_quiet[i] = (logged_at, quiet + 1)
+            return
+        self._listener_quiet[i] = (now, 0)
+        log.exception("flush listener %r failed%s", listener,
+                      f" (and {quiet} times since the last one logged)" if quiet else "",
+                      extra={"action": "flush_listener_error"})
 
     def _publish(self) -> None:
         if self.shm is None:

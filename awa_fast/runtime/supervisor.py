@@ -13,10 +13,13 @@ configuration (for example the schema is not migrated), 3 database down.
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import logging
 import os
 import re
 import signal
+import sys
 import time
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import wait
@@ -171,6 +174,14 @@ def hide_dsn_password(dsn: str) -> bool:
 # them (fork copies them): see _child_entry.
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 
+#: The signal that makes a child write every thread's Python stack to its stderr (the supervisor's
+#: log): ``kill -USR1 <pid>`` shows where a claimer is; the supervisor sends it before a SIGKILL.
+STACKS_SIGNAL = signal.SIGUSR1
+
+# How long the supervisor gives a child to write its stacks before the SIGKILL (written by a C
+# signal handler, even when every thread of the child is blocked: far less than this).
+_STACKS_GRACE_S = 0.3
+
 
 def _child_entry(target: Any, name: str) -> Any:
     """``target`` for a forked child: stop signals act on the child itself from its first instruction.
@@ -186,6 +197,9 @@ def _child_entry(target: Any, name: str) -> Any:
     def run(*args: Any, **kwargs: Any) -> Any:
         for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_DFL)
+        # a C-level handler: it writes the stacks even when the main thread never returns to Python
+        with contextlib.suppress(AttributeError, ValueError, OSError, RuntimeError):  # stderr without a file
+            faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True, chain=False)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         return titled(*args, **kwargs)
 
@@ -394,8 +408,12 @@ class Supervisor:
                 continue
             proc.join(max(0.0, deadline - time.monotonic()))
             if proc.is_alive():
-                log.error("%s did not drain within the timeout; SIGKILL", child.name, extra={"action": "child_kill"})
-                os.kill(proc.pid, signal.SIGKILL)
+                log.error("%s did not drain within the timeout; its threads' stacks follow; SIGKILL", child.name,
+                          extra={"action": "child_kill"})
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, STACKS_SIGNAL)
+                    proc.join(_STACKS_GRACE_S)  # it does not exit: the time its handler takes to write them
+                    os.kill(proc.pid, signal.SIGKILL)
                 proc.join()
                 clean = False
             elif proc.exitcode != 0:

@@ -86,6 +86,18 @@ async def async_noop(job: Any) -> None:
     record(job)
 
 
+@app.job("rt.wedge", queue=QUEUE)
+def wedge_claimer(job: Any) -> None:
+    """Wedges its claimer on purpose: holds the claim loop's counter lock for ``args["s"]`` seconds.
+
+    The claim thread then blocks on its next count, never drains, and the
+    supervisor has to SIGKILL the process (the diagnostics tests).
+    """
+    record(job, "start")
+    with job._runtime._stats_lock:  # noqa: SLF001 - reaching into the claimer is the point
+        time.sleep(float(job.args.get("s", 60)))
+
+
 @app.job("rt.sleep", queue=QUEUE)
 def sync_sleep(job: Any) -> None:
     """Sleeps ``args["ms"]`` (default 5) milliseconds; logs start and end."""
