@@ -71,24 +71,34 @@ def rollups(conn: psycopg.Connection, schema: str) -> dict[tuple[str, int], int]
 
 
 class RunLog:
-    """The JSON lines the handlers of runtime_apps append under one directory."""
+    """The JSON lines the handlers of runtime_apps append under one directory.
+
+    Read incrementally: each call parses only what the files gained since the
+    last one (tests poll this every 10 ms while thousands of lines pile up; a
+    full re-read per poll kept a core of the test process busy).
+    """
 
     def __init__(self, directory: pathlib.Path) -> None:
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
+        self._read: dict[pathlib.Path, tuple[int, list[dict[str, Any]]]] = {}  # path -> (bytes parsed, records)
 
     def entries(self, event: str | None = None) -> list[dict[str, Any]]:
-        """Every complete line so far. Read while workers still append, a file may end in a
-        line whose write is not finished (a reader can see a write half done): that tail waits
-        for the next read."""
-        out = []
+        """Every complete line so far, in time order. Read while workers still append, a file may
+        end in a line whose write is not finished (a reader can see a write half done): that tail
+        waits for the next read."""
+        out: list[dict[str, Any]] = []
         for path in sorted(self.dir.glob("*.log")):
-            data = path.read_bytes()
-            for line in data[:data.rfind(b"\n") + 1].splitlines():
-                if line.strip():
-                    rec = orjson.loads(line)
-                    if event is None or rec["ev"] == event:
-                        out.append(rec)
+            done, records = self._read.get(path, (0, []))
+            with path.open("rb") as f:
+                if f.seek(0, 2) < done:  # the file was replaced: read it again from the start
+                    done, records = 0, []
+                f.seek(done)
+                data = f.read()
+            complete = data[:data.rfind(b"\n") + 1]
+            records.extend(orjson.loads(line) for line in complete.splitlines() if line.strip())
+            self._read[path] = (done + len(complete), records)
+            out.extend(records if event is None else (r for r in records if r["ev"] == event))
         out.sort(key=lambda rec: rec["t"])  # one clock: every process runs on this host
         return out
 
