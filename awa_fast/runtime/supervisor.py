@@ -183,20 +183,31 @@ STACKS_SIGNAL = signal.SIGUSR1
 _STACKS_GRACE_S = 0.3
 
 
+def _stop_before_start(signum: int, frame: Any) -> None:
+    """A child's stop signal before the child installed its own handler: nothing is held yet, exit 0.
+
+    In that window a claimer has claimed nothing and the maintenance process
+    has done no maintenance, so there is nothing to drain: the drain is
+    clean. (The default action, death by the signal, made a drain that came
+    while a child was starting count as unclean: the supervisor exited 1.)
+    """
+    os._exit(0)
+
+
 def _child_entry(target: Any, name: str) -> Any:
     """``target`` for a forked child: stop signals act on the child itself from its first instruction.
 
-    The supervisor blocks the stop signals around the fork (``Supervisor._start``). The child resets
-    them to their default action before it unblocks them, so a SIGTERM that arrives before the child
-    installs its own handler ends the child, instead of running the supervisor's drain in the child's
-    copy (which would signal every sibling the copy knows of). A signal sent in that window is pending
-    until the unblock and is never lost.
+    The supervisor blocks the stop signals around the fork (``Supervisor._start``). The child sets
+    them to :func:`_stop_before_start` before it unblocks them, so a SIGTERM that arrives before
+    the child installs its own handler ends the child cleanly, instead of running the supervisor's
+    drain in the child's copy (which would signal every sibling the copy knows of). A signal sent in
+    that window is pending until the unblock and is never lost.
     """
     titled = proctitle.titled(target, name)
 
     def run(*args: Any, **kwargs: Any) -> Any:
         for sig in STOP_SIGNALS:
-            signal.signal(sig, signal.SIG_DFL)
+            signal.signal(sig, _stop_before_start)
         # a C-level handler: it writes the stacks even when the main thread never returns to Python
         with contextlib.suppress(AttributeError, ValueError, OSError, RuntimeError):  # stderr without a file
             faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True, chain=False)
