@@ -559,8 +559,14 @@ class Storage(KeyLimitQueries, SessionQueries):
     # -- admin and reads ------------------------------------------------------
 
     def job_load(self, conn: psycopg.Connection, job_id: int) -> dict[str, Any] | None:
-        """The job wherever it lives, as a dict with a ``state`` key; None if unknown."""
+        """The job wherever it lives, as a dict with a ``state`` key; None if unknown.
+
+        An unknown answer is asked once more: a job read mid-claim can look unknown
+        (the comment above ``_job_load_many`` says why).
+        """
         row = conn.execute(self.q["job_load"], (job_id,)).fetchone()
+        if row is None or row[0] is None:  # maybe read mid-claim: a second statement, a new snapshot
+            row = conn.execute(self.q["job_load"], (job_id,)).fetchone()
         if row is None or row[0] is None:
             return None
         value = row[0]
@@ -767,13 +773,28 @@ class Storage(KeyLimitQueries, SessionQueries):
         return st.shape(rows, cur.rowcount)
 
     def job_load_many(self, conn: psycopg.Connection, job_ids: Sequence[int]) -> list[dict[str, Any] | None]:
-        """Each job (``job_load``'s dict plus ``progress``) in the order given; None where unknown."""
-        return self._run_one(conn, _job_load_many(job_ids))
+        """Each job (``job_load``'s dict plus ``progress``) in the order given; None where unknown.
+
+        Unknown answers are asked once more, as in :meth:`job_load`.
+        """
+        jobs = self._run_one(conn, _job_load_many(job_ids))
+        again = [i for i, job in enumerate(jobs) if job is None]
+        if again:
+            retry = self._run_one(conn, _job_load_many([job_ids[i] for i in again]))
+            for i, job in zip(again, retry, strict=True):
+                jobs[i] = job
+        return jobs
 
     async def job_load_many_async(self, conn: psycopg.AsyncConnection,
                                   job_ids: Sequence[int]) -> list[dict[str, Any] | None]:
         """Async twin of :meth:`job_load_many`."""
-        return await self._run_one_async(conn, _job_load_many(job_ids))
+        jobs = await self._run_one_async(conn, _job_load_many(job_ids))
+        again = [i for i, job in enumerate(jobs) if job is None]
+        if again:
+            retry = await self._run_one_async(conn, _job_load_many([job_ids[i] for i in again]))
+            for i, job in zip(again, retry, strict=True):
+                jobs[i] = job
+        return jobs
 
     def job_list(self, conn: psycopg.Connection, *, queue: str | None = None, kind: str | None = None,
                  state: str | None = None, limit: int = 100, before_id: int | None = None) -> list[dict[str, Any]]:
@@ -1110,6 +1131,17 @@ def _json_value(value: Any) -> Any:
 
         return msgspec.json.decode(bytes(value))
     return value
+
+
+# Why an unknown job is looked up twice (``job_load``, ``job_load_many``). The lookup's
+# claimed-or-not test reads the lane's claim cursor, a sequence, which is not in the
+# statement's snapshot: a claim that committed its receipt after the snapshot was taken,
+# followed by the next claim moving the cursor past it, made a job that was being claimed
+# look claimed, closed and without a record, so unknown (seen as None from a poll of a
+# job in flight). A second statement has a new snapshot (READ COMMITTED) in which that
+# receipt is visible; a job that is really unknown costs one more lookup. Inside a
+# REPEATABLE READ transaction the second statement reuses the snapshot and may still
+# answer unknown for a job in flight.
 
 
 def _job_load_many(job_ids: Sequence[int]) -> _Stmt[list[dict[str, Any] | None]]:
