@@ -427,8 +427,16 @@ def metrics_main(shm_name: str, bind: tuple[str, int], dsn: str, schema: str, ho
 
     server = MetricsServer(bind, registry_for(ring.snapshot, gauges), ready).start()
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    requested: list[int] = []
+
+    def on_stop(signum: int, _frame: object) -> None:
+        # once: a second signal inside the first handler's Event.set would wait on its lock for good
+        if not requested:
+            requested.append(signum)
+            stop.set()
+
+    signal.signal(signal.SIGTERM, on_stop)
+    signal.signal(signal.SIGINT, on_stop)
     parent = os.getppid()
     while not stop.wait(1.0):
         if os.getppid() != parent:

@@ -138,6 +138,7 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._maintenance_thread: threading.Thread | None = None
         self._stopping = threading.Event()
+        self._stop_requested = False  # set by the first stop(), before the event (see Claimer.stop)
         self._kick = threading.Event()
         self._short_seen: set[int] = set()
         self._seen_empty = False  # a claim came back short with no busy lane since the last check
@@ -150,7 +151,10 @@ class Worker:
     # -- control -------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Begin a graceful drain; safe from a signal handler and from any thread."""
+        """Begin a graceful drain; safe from a signal handler (also one inside another) and from any thread."""
+        if self._stop_requested:
+            return
+        self._stop_requested = True
         self._stopping.set()
         for c in self.claimers:
             c.stop()

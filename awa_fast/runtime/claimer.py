@@ -190,6 +190,7 @@ class Claimer:
         self.shm = shm_record
         self.max_progress_bytes = config.max_progress_bytes  # read by Job.set_progress
         self._stopping = threading.Event()
+        self._stop_requested = False  # set by the first stop(), before the event (see stop)
         # Set by stop(), by handlers freeing capacity and by the listener's helper thread; the claim
         # loop sleeps on it and on the LISTEN socket at once (Listener.wait).
         self._wake = Wakeup()
@@ -241,9 +242,19 @@ class Claimer:
         return self._outstanding
 
     def stop(self) -> None:
-        """Begin a graceful drain (safe from a signal handler)."""
+        """Begin a graceful drain (safe from a signal handler, also from one that lands inside another).
+
+        The supervisor sends SIGTERM twice (at the drain request and when it
+        waits for the children). A second handler that ran while the first
+        was inside ``Event.set`` (which holds the event's lock) blocked on
+        that lock in the same thread for good: the claimer never drained and
+        was SIGKILLed. The second call now returns at once.
+        """
+        if self._stop_requested:
+            return
+        self._stop_requested = True
+        self._wake.set()  # lock-free
         self._stopping.set()
-        self._wake.set()
 
     def run(self) -> int:
         """Claim and run jobs until :meth:`stop`; then drain. Returns an exit code (0 = clean)."""
@@ -380,7 +391,7 @@ class Claimer:
             self._publish()
             if self._watch_parent and os.getppid() != self._parent:
                 log.error("supervisor %d is gone; draining", self._parent, extra={"action": "orphaned"})
-                self._stopping.set()
+                self.stop()
                 break
             self._sleep(cfg.poll_interval)
 

@@ -59,6 +59,7 @@ class Maintenance:
         self._conn: psycopg.Connection | None = None
         self._leader = False
         self._stop = threading.Event()
+        self._stop_requested = False  # set by the first stop(), before the event
         self._last: dict[str, float] = {}
         self.leader_since: float | None = None
         self.parent_pid: int | None = None  # stop when this process (the supervisor) is gone
@@ -259,6 +260,10 @@ class Maintenance:
                 "last_prune_at": dict(self.last_prune_at), "last_rotate_at": dict(self.last_rotate_at)}
 
     def stop(self) -> None:
+        """Stop after the current step (safe from a signal handler, also from one inside another: see Claimer.stop)."""
+        if self._stop_requested:
+            return
+        self._stop_requested = True
         self._stop.set()
 
     def run(self) -> None:
