@@ -780,9 +780,7 @@ class Storage(KeyLimitQueries, SessionQueries):
         jobs = self._run_one(conn, _job_load_many(job_ids))
         again = [i for i, job in enumerate(jobs) if job is None]
         if again:
-            retry = self._run_one(conn, _job_load_many([job_ids[i] for i in again]))
-            for i, job in zip(again, retry, strict=True):
-                jobs[i] = job
+            _fill_unknown(jobs, again, self._run_one(conn, _job_load_many([job_ids[i] for i in again])))
         return jobs
 
     async def job_load_many_async(self, conn: psycopg.AsyncConnection,
@@ -791,9 +789,7 @@ class Storage(KeyLimitQueries, SessionQueries):
         jobs = await self._run_one_async(conn, _job_load_many(job_ids))
         again = [i for i, job in enumerate(jobs) if job is None]
         if again:
-            retry = await self._run_one_async(conn, _job_load_many([job_ids[i] for i in again]))
-            for i, job in zip(again, retry, strict=True):
-                jobs[i] = job
+            _fill_unknown(jobs, again, await self._run_one_async(conn, _job_load_many([job_ids[i] for i in again])))
         return jobs
 
     def job_list(self, conn: psycopg.Connection, *, queue: str | None = None, kind: str | None = None,
@@ -1142,6 +1138,13 @@ def _json_value(value: Any) -> Any:
 # receipt is visible; a job that is really unknown costs one more lookup. Inside a
 # REPEATABLE READ transaction the second statement reuses the snapshot and may still
 # answer unknown for a job in flight.
+
+
+def _fill_unknown(jobs: list[dict[str, Any] | None], again: list[int],
+                  retry: list[dict[str, Any] | None]) -> None:
+    """Put the second lookup's answers (``retry``, for positions ``again``) into ``jobs``."""
+    for i, job in zip(again, retry, strict=True):
+        jobs[i] = job
 
 
 def _job_load_many(job_ids: Sequence[int]) -> _Stmt[list[dict[str, Any] | None]]:
