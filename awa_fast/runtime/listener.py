@@ -38,6 +38,7 @@ import psycopg
 from psycopg import pq
 
 from awa_fast.errors import DatabaseUnavailable
+from awa_fast.runtime.stopflag import StopFlag
 from awa_fast.runtime.watchdog import IoGuard
 from awa_fast.storage import Storage, close_quietly, connect
 
@@ -51,9 +52,12 @@ class Wakeup:
     """A ``threading.Event`` the claim thread can also ``select()`` on (a non-blocking self-pipe).
 
     ``set`` may be called from any thread and from a signal handler (it takes
-    no lock); ``clear`` and the waits belong to the claim thread. A ``set``
-    that lands before a ``clear`` is consumed by it, as with an ``Event``: the
-    claim loop clears first and then looks at what it was woken for.
+    no lock); ``clear`` and the waits belong to one thread (the claim thread;
+    for the in-process worker's kick, the thread in ``Worker.wait``). A
+    ``set`` that lands before a ``clear`` is consumed by it, as with an
+    ``Event``: the claim loop clears first and then looks at what it was
+    woken for. A stop that is never cleared is a
+    :class:`~awa_fast.runtime.stopflag.StopFlag`.
     """
 
     __slots__ = ("_flag", "_r", "_w", "__weakref__")
@@ -130,7 +134,7 @@ class ListenerConfig:
 class Listener:
     """The LISTEN connection of one claim loop: opened on a helper thread, read and pinged on the claim thread."""
 
-    def __init__(self, config: ListenerConfig, stopping: threading.Event) -> None:
+    def __init__(self, config: ListenerConfig, stopping: StopFlag) -> None:
         self.config = config
         self.storage = Storage(config.schema)
         self.guard = IoGuard("LISTEN")
