@@ -23,8 +23,8 @@ class StopFlag:
     it sets a bool and writes one byte to a non-blocking self-pipe. The pipe
     is never drained, so its read end stays readable and wakes every waiter
     on every thread. Same ``is_set``/``set``/``wait`` as ``threading.Event``
-    (there is no ``clear``: a stop is not taken back; for a wake-up that is
-    cleared see :class:`~awa_fast.runtime.listener.Wakeup`).
+    (there is no ``clear``: a stop is not taken back; the wake-up that is
+    cleared, :class:`~awa_fast.runtime.listener.Wakeup`, is a subclass).
     """
 
     __slots__ = ("_flag", "_r", "_w", "__weakref__")
