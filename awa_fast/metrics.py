@@ -415,6 +415,7 @@ def metrics_main(shm_name: str, bind: tuple[str, int], dsn: str, schema: str, ho
     from awa_fast.health import check
     from awa_fast.runtime.claimer import die_with_parent
     from awa_fast.runtime.shm import ShmRing
+    from awa_fast.runtime.stopflag import StopFlag
 
     die_with_parent()
     ring = ShmRing.attach(shm_name)
@@ -426,17 +427,10 @@ def metrics_main(shm_name: str, bind: tuple[str, int], dsn: str, schema: str, ho
         return report.healthy, report.to_dict()
 
     server = MetricsServer(bind, registry_for(ring.snapshot, gauges), ready).start()
-    stop = threading.Event()
-    requested: list[int] = []
-
-    def on_stop(signum: int, _frame: object) -> None:
-        # once: a second signal inside the first handler's Event.set would wait on its lock for good
-        if not requested:
-            requested.append(signum)
-            stop.set()
-
-    signal.signal(signal.SIGTERM, on_stop)
-    signal.signal(signal.SIGINT, on_stop)
+    # lock-free: the handler runs on this thread, maybe inside stop.wait (see StopFlag)
+    stop = StopFlag()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
     parent = os.getppid()
     while not stop.wait(1.0):
         if os.getppid() != parent:

@@ -39,7 +39,9 @@ from awa_fast.errors import AwaFastError, ConfigError
 from awa_fast.jobs import AttemptClosed
 from awa_fast.periodic import sync_app_schedules
 from awa_fast.runtime.claimer import Claimer, ClaimerConfig
+from awa_fast.runtime.listener import Wakeup
 from awa_fast.runtime.maintenance import Maintenance, MaintenanceConfig
+from awa_fast.runtime.stopflag import StopFlag
 from awa_fast.runtime.supervisor import QueueSpec, parse_queue_spec, resolve_stripes
 from awa_fast.storage import Storage, close_quietly, connect
 
@@ -137,9 +139,10 @@ class Worker:
         self.maintenance: Maintenance | None = None
         self._threads: list[threading.Thread] = []
         self._maintenance_thread: threading.Thread | None = None
-        self._stopping = threading.Event()
-        self._stop_requested = False  # set by the first stop(), before the event (see Claimer.stop)
-        self._kick = threading.Event()
+        # Both set by stop(), which a signal handler calls on the thread that may be waiting on _kick in
+        # wait(): neither takes a lock (a threading.Event's set can block on a lock its own thread holds).
+        self._stopping = StopFlag()
+        self._kick = Wakeup()  # cleared and waited on by wait() only
         self._short_seen: set[int] = set()
         self._seen_empty = False  # a claim came back short with no busy lane since the last check
         self._errors: list[BaseException] = []
@@ -151,10 +154,12 @@ class Worker:
     # -- control -------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Begin a graceful drain; safe from a signal handler (also one inside another) and from any thread."""
-        if self._stop_requested:
-            return
-        self._stop_requested = True
+        """Begin a graceful drain; safe from a signal handler at any point and from any thread.
+
+        Every flag it sets takes no lock, so a call that lands inside another
+        (a second signal) is harmless. Not once-only: start() calls it again
+        to reach the claimers created after an early stop.
+        """
         self._stopping.set()
         for c in self.claimers:
             c.stop()

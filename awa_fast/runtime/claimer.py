@@ -43,6 +43,7 @@ from awa_fast.runtime.executor import Executor
 from awa_fast.runtime.handler_outcome import error_text, failure_text, timeout_text
 from awa_fast.runtime.heartbeat import Heartbeat, HeartbeatConfig
 from awa_fast.runtime.listener import Listener, ListenerConfig, Wakeup
+from awa_fast.runtime.stopflag import StopFlag
 from awa_fast.runtime.watchdog import IoGuard, Watchdog, WatchdogConfig
 from awa_fast.storage import Storage, close_quietly, connect, use_raw_jsonb
 
@@ -189,8 +190,7 @@ class Claimer:
         self.limits = LimitWatch(self.storage, config.queue)  # plain claim unless the queue has a limit
         self.shm = shm_record
         self.max_progress_bytes = config.max_progress_bytes  # read by Job.set_progress
-        self._stopping = threading.Event()
-        self._stop_requested = False  # set by the first stop(), before the event (see stop)
+        self._stopping = StopFlag()  # set by stop(), which a signal handler calls (see StopFlag)
         # Set by stop(), by handlers freeing capacity and by the listener's helper thread; the claim
         # loop sleeps on it and on the LISTEN socket at once (Listener.wait).
         self._wake = Wakeup()
@@ -242,19 +242,18 @@ class Claimer:
         return self._outstanding
 
     def stop(self) -> None:
-        """Begin a graceful drain (safe from a signal handler, also from one that lands inside another).
+        """Begin a graceful drain; safe from a signal handler at any point and from any thread.
 
-        The supervisor sends SIGTERM twice (at the drain request and when it
-        waits for the children). A second handler that ran while the first
-        was inside ``Event.set`` (which holds the event's lock) blocked on
-        that lock in the same thread for good: the claimer never drained and
-        was SIGKILLed. The second call now returns at once.
+        Both flags take no lock: the handler runs on the claim thread, which
+        may be inside a wait on either of them when the signal lands (a
+        ``threading.Event`` here blocked the handler on a lock its own
+        thread held: the claimer never drained and was SIGKILLed). The
+        supervisor sends SIGTERM twice; a second call changes nothing.
+        ``_stopping`` first: the claim loop clears ``_wake`` before it looks
+        at ``_stopping``.
         """
-        if self._stop_requested:
-            return
-        self._stop_requested = True
-        self._wake.set()  # lock-free
         self._stopping.set()
+        self._wake.set()
 
     def run(self) -> int:
         """Claim and run jobs until :meth:`stop`; then drain. Returns an exit code (0 = clean)."""

@@ -46,6 +46,7 @@ from awa_fast.runtime.handler_outcome import (
     timeout_text,
     unknown_kind_text,
 )
+from awa_fast.runtime.stopflag import StopFlag
 
 log = logging.getLogger("awa_fast.claimer")
 
@@ -113,7 +114,7 @@ class Executor:
     """Runs the handlers of one claimer and turns what they return or raise into outcomes."""
 
     def __init__(self, registry: dict[str, JobSpec], concurrency: int, batcher: CompletionBatcher,
-                 attempts: AttemptTable, hooks: ExecutorHooks, stopping: threading.Event,
+                 attempts: AttemptTable, hooks: ExecutorHooks, stopping: StopFlag,
                  shm_record: Any = None) -> None:
         self.registry = registry
         self.concurrency = concurrency

@@ -38,6 +38,7 @@ import psycopg
 from psycopg import pq
 
 from awa_fast.errors import DatabaseUnavailable
+from awa_fast.runtime.stopflag import StopFlag
 from awa_fast.runtime.watchdog import IoGuard
 from awa_fast.storage import Storage, close_quietly, connect
 
@@ -47,38 +48,22 @@ _BACKOFF_FIRST = 0.1
 _BACKOFF_MAX = 5.0
 
 
-class Wakeup:
-    """A ``threading.Event`` the claim thread can also ``select()`` on (a non-blocking self-pipe).
+class Wakeup(StopFlag):
+    """A :class:`~awa_fast.runtime.stopflag.StopFlag` that its one waiting thread clears, and can ``select()`` on.
 
     ``set`` may be called from any thread and from a signal handler (it takes
-    no lock); ``clear`` and the waits belong to the claim thread. A ``set``
-    that lands before a ``clear`` is consumed by it, as with an ``Event``: the
-    claim loop clears first and then looks at what it was woken for.
+    no lock); ``clear`` and the waits belong to one thread (the claim thread;
+    for the in-process worker's kick, the thread in ``Worker.wait``). A
+    ``set`` that lands before a ``clear`` is consumed by it, as with an
+    ``Event``: the claim loop clears first and then looks at what it was
+    woken for.
     """
 
-    __slots__ = ("_flag", "_r", "_w", "__weakref__")
-
-    def __init__(self) -> None:
-        self._r, self._w = os.pipe()
-        os.set_blocking(self._r, False)
-        os.set_blocking(self._w, False)
-        self._flag = False
+    __slots__ = ()
 
     def fileno(self) -> int:
         """The read end: readable while a wake-up is pending."""
         return self._r
-
-    def set(self) -> None:
-        if self._flag:
-            return
-        self._flag = True
-        try:
-            os.write(self._w, b"\1")
-        except OSError:  # full (a wake-up is pending anyway)
-            pass
-
-    def is_set(self) -> bool:
-        return self._flag
 
     def clear(self) -> None:
         self._flag = False
@@ -87,22 +72,6 @@ class Wakeup:
                 pass
         except OSError:  # empty
             pass
-
-    def wait(self, timeout: float) -> bool:
-        """Wait until set or ``timeout`` seconds passed; True if set."""
-        if self._flag:
-            return True
-        wait_readable((self._r,), timeout)
-        return self._flag
-
-    def __del__(self) -> None:
-        # Closed only when nothing can call set() any more (no fd number is reused under a setter).
-        for fd in (getattr(self, "_r", -1), getattr(self, "_w", -1)):
-            if fd >= 0:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
 
 
 def wait_readable(fds: tuple[int, ...], timeout: float) -> None:
@@ -130,7 +99,7 @@ class ListenerConfig:
 class Listener:
     """The LISTEN connection of one claim loop: opened on a helper thread, read and pinged on the claim thread."""
 
-    def __init__(self, config: ListenerConfig, stopping: threading.Event) -> None:
+    def __init__(self, config: ListenerConfig, stopping: StopFlag) -> None:
         self.config = config
         self.storage = Storage(config.schema)
         self.guard = IoGuard("LISTEN")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from awa_fast import periodic as _periodic
 from awa_fast import proctitle
 from awa_fast.errors import DatabaseUnavailable
 from awa_fast.runtime.shm.layout import RINGS  # the one ring order (also the shared-memory section's)
+from awa_fast.runtime.stopflag import StopFlag
 from awa_fast.storage import Storage, close_quietly, connect
 
 log = logging.getLogger("awa_fast.maintenance")
@@ -58,8 +58,7 @@ class Maintenance:
         self._publish = publish
         self._conn: psycopg.Connection | None = None
         self._leader = False
-        self._stop = threading.Event()
-        self._stop_requested = False  # set by the first stop(), before the event
+        self._stop = StopFlag()  # set by stop(), which a signal handler calls (see StopFlag)
         self._last: dict[str, float] = {}
         self.leader_since: float | None = None
         self.parent_pid: int | None = None  # stop when this process (the supervisor) is gone
@@ -260,10 +259,7 @@ class Maintenance:
                 "last_prune_at": dict(self.last_prune_at), "last_rotate_at": dict(self.last_rotate_at)}
 
     def stop(self) -> None:
-        """Stop after the current step (safe from a signal handler, also from one inside another: see Claimer.stop)."""
-        if self._stop_requested:
-            return
-        self._stop_requested = True
+        """Stop after the current step; safe from a signal handler at any point (StopFlag takes no lock)."""
         self._stop.set()
 
     def run(self) -> None:
