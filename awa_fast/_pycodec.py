@@ -434,9 +434,35 @@ def encode_closure_rows(snapshots: Sequence[ClaimSnapshot], outcome: int) -> byt
 # claim snapshots
 
 
+# The columns a claim (claim_batch_v4, migration 0021) sends once per receipt: on the receipt's
+# first row, NULL (None) on the rest, which carry the first row's values. All six come together.
+_RECEIPT_FIELDS = ("queue", "priority", "ready_slot", "lane_id", "claim_slot", "claim_id")
+_RECEIPT_AT = tuple(ClaimSnapshot.__struct_fields__.index(name) for name in _RECEIPT_FIELDS)
+_QUEUE_AT = _RECEIPT_AT[0]
+
+
 def decode_snapshots(rows: Iterable[Sequence[Any]]) -> list[ClaimSnapshot]:
-    """``[ClaimSnapshot(*row) for row in rows]``: rows in ClaimSnapshot field order."""
-    return [ClaimSnapshot(*row) for row in rows]
+    """``[ClaimSnapshot(*row) for row in rows]``: rows in ClaimSnapshot field order.
+
+    A row whose queue is None takes the six per-receipt fields
+    (``_RECEIPT_FIELDS``) from the row before it (claim_batch_v4 sends them on
+    a receipt's first row only); a full row is taken as it is.
+    """
+    out: list[ClaimSnapshot] = []
+    last: Sequence[Any] | None = None
+    for row in rows:
+        if row[_QUEUE_AT] is None:
+            if last is None:
+                raise ValueError("a claim row without its receipt's columns came first; "
+                                 "the claim function and the decoder disagree (run `awa-fast migrate`)")
+            filled = list(row)
+            for i in _RECEIPT_AT:
+                filled[i] = last[i]
+            row = filled
+        else:
+            last = row
+        out.append(ClaimSnapshot(*row))
+    return out
 
 
 def new_jobs(snapshots: Sequence[ClaimSnapshot], args_types: dict[str, type | None],

@@ -122,12 +122,28 @@ cdef inline object _snap_field(object snap, Py_ssize_t off, str name):
     return getattr(snap, name)
 
 
-cdef object _snapshot_from_tuple(tuple row):
-    """ClaimSnapshot(*row) for a row of the right length, filling the slots."""
+# The columns a claim (claim_batch_v4, migration 0021) sends once per receipt: on the receipt's
+# first row, NULL (None) on the rest, which carry the first row's values. All six come together.
+_RECEIPT_FIELDS = ("queue", "priority", "ready_slot", "lane_id", "claim_slot", "claim_id")
+_RECEIPT_AT = tuple(ClaimSnapshot.__struct_fields__.index(name) for name in _RECEIPT_FIELDS)
+cdef Py_ssize_t _queue_at = _RECEIPT_AT[0]
+cdef Py_ssize_t[6] _receipt_at
+for _i, _at in enumerate(_RECEIPT_AT):
+    _receipt_at[_i] = _at
+
+
+cdef object _snapshot_from_tuple(tuple row, object carry):
+    """ClaimSnapshot(*row) for a row of the right length, filling the slots.
+
+    ``carry`` (an exact ClaimSnapshot, or None) gives the six per-receipt
+    fields in place of the row's.
+    """
     cdef Py_ssize_t i, n = PyTuple_GET_SIZE(row)
     cdef PyObject* obj = PyType_GenericAlloc(_snap_type, 0)
     cdef PyObject* item
+    cdef PyObject** slot
     cdef char* base = <char*>obj
+    cdef char* src
     for i in range(n):
         item = PyTuple_GET_ITEM(row, i)
         Py_INCREF(<object>item)
@@ -135,29 +151,62 @@ cdef object _snapshot_from_tuple(tuple row):
     for i in range(n, _snap_nfields):
         Py_INCREF(None)
         (<PyObject**>(base + _snap_off[i]))[0] = <PyObject*>None
+    if carry is not None:
+        src = <char*><PyObject*>carry
+        for i in range(6):
+            slot = <PyObject**>(base + _snap_off[_receipt_at[i]])
+            item = (<PyObject**>(src + _snap_off[_receipt_at[i]]))[0]
+            Py_INCREF(<object>item)
+            Py_XDECREF(slot[0])
+            slot[0] = item
     result = <object>obj
     Py_XDECREF(obj)
     return result
 
 
+cdef object _carried(object row, object last):
+    """``row`` as a list with the six per-receipt fields of snapshot ``last`` (the generic path)."""
+    filled = list(row)
+    for i in range(6):
+        filled[_receipt_at[i]] = getattr(last, _RECEIPT_FIELDS[i])
+    return filled
+
+
 def decode_snapshots(rows):
-    """``[ClaimSnapshot(*row) for row in rows]``: rows in ClaimSnapshot field order."""
+    """``[ClaimSnapshot(*row) for row in rows]``: rows in ClaimSnapshot field order.
+
+    A row whose queue is None takes the six per-receipt fields
+    (``_RECEIPT_FIELDS``) from the snapshot before it (claim_batch_v4 sends
+    them on a receipt's first row only); a full row is taken as it is.
+    """
     cdef Py_ssize_t i, n
     cdef PyObject* row
+    cdef bint short
     if type(rows) is not list and type(rows) is not tuple:
         rows = list(rows)
     n = PySequence_Fast_GET_SIZE(rows)
     cdef list out = PyList_New(n)
+    snap = None
     for i in range(n):
         if i >= PySequence_Fast_GET_SIZE(rows):  # a row's __iter__ shrank the list
             raise RuntimeError("rows changed size during decode_snapshots")
         row = PySequence_Fast_ITEMS(rows)[i]
+        if type(<object>row) is tuple and _queue_at < PyTuple_GET_SIZE(<object>row):
+            short = PyTuple_GET_ITEM(<object>row, _queue_at) == <PyObject*>None
+        else:
+            short = (<object>row)[_queue_at] is None
+        if short and snap is None:  # (out's unfilled items are NULL, which freeing a list allows)
+            raise ValueError("a claim row without its receipt's columns came first; "
+                             "the claim function and the decoder disagree (run `awa-fast migrate`)")
         if (
             _snap_build_ok
             and type(<object>row) is tuple
             and _snap_nrequired <= PyTuple_GET_SIZE(<object>row) <= _snap_nfields
+            and (not short or Py_TYPE(snap) == _snap_type)
         ):
-            snap = _snapshot_from_tuple(<tuple>row)
+            snap = _snapshot_from_tuple(<tuple>row, snap if short else None)
+        elif short:
+            snap = ClaimSnapshot(*_carried(<object>row, snap))
         else:
             snap = ClaimSnapshot(*<object>row)
         Py_INCREF(snap)

@@ -5,7 +5,8 @@ bench starts inherits it), re-migrates the bench schema from that tree's
 ``sql/`` and drains on the same embedded server, so the two arms differ only
 in their code and migrations. Give each tree a built codec (``tools/dev.py
 setup``, or a copy of the other tree's ``awa_fast/_codec*.so`` when ``cext/``
-is the same).
+is the same). An arm runs under its tree's ``.venv/bin/python`` when there is
+one (an editable install resolves ``awa_fast.sql`` to its own checkout).
 
     python perf/pg_drain_ab.py --a /path/to/main-tree --b . --home /tmp/NAME-pg --schema bench_NAME
         [--rounds 6] [--jobs 200000] [--out DIR]
@@ -31,8 +32,11 @@ HERE = pathlib.Path(__file__).resolve().parent
 
 def run(tree: pathlib.Path, a: argparse.Namespace, out: pathlib.Path) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    cmd = [sys.executable, str(HERE / "pg_cpu_split.py"), "--home", str(a.home), "--schema", a.schema,
-           "--jobs", str(a.jobs), "--json"]
+    # The tree's own interpreter when it has one: an editable install maps awa_fast.sql (the
+    # migrations and named queries) to its own checkout's sql/, which PYTHONPATH does not override.
+    python = tree / ".venv" / "bin" / "python"
+    cmd = [str(python if python.exists() else sys.executable), str(HERE / "pg_cpu_split.py"),
+           "--home", str(a.home), "--schema", a.schema, "--jobs", str(a.jobs), "--json"]
     with open(out.with_suffix(".err"), "w") as err:
         proc = subprocess.run(cmd, env=env, cwd="/", stdout=subprocess.PIPE, stderr=err, text=True, check=True)
     out.write_text(proc.stdout)

@@ -41,11 +41,12 @@ RELEASE SAVEPOINT awa_fast_enqueue
 
 -- name: lane_claim
 -- Claim up to N jobs of a queue for a stripe; returns claim snapshots in ClaimSnapshot field order
--- (progress last: carried from an earlier attempt, see claim_batch_v3),
+-- (progress last: carried from an earlier attempt, see claim_batch_v3; queue, priority, ready_slot,
+-- lane_id, claim_slot and claim_id on a receipt's first row only, NULL on the rest: see claim_batch_v4),
 -- then possibly the backlog marker (a row with job_id NULL; see claim_batch_v2).
 SELECT job_id, run_lease, attempt, max_attempts, queue, kind, priority, args, metadata, ready_slot,
        lane_id, lane_seq, claim_slot, claim_id, created_at, errors, callback_result, progress
-FROM __SCHEMA__.claim_batch_v3(%s::text, %s::int, %s::int, %s::int)
+FROM __SCHEMA__.claim_batch_v4(%s::text, %s::int, %s::int, %s::int)
 
 -- name: receipt_guard
 -- Lock the receipts of a completion batch; returns what in them is no longer open (job_id NULL: all of it).

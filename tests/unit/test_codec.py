@@ -592,6 +592,62 @@ def test_decode_snapshots_references(codec: types.ModuleType) -> None:
     assert sys.getrefcount(marker) == before
 
 
+RECEIPT_FIELDS = ("queue", "priority", "ready_slot", "lane_id", "claim_slot", "claim_id")
+
+
+def _receipt_rows(snaps: list[ClaimSnapshot]) -> list[tuple[Any, ...]]:
+    """Rows as claim_batch_v4 sends them: a receipt's columns on its first row only."""
+    rows = []
+    prev: tuple[Any, ...] | None = None
+    for s in snaps:
+        mine = tuple(getattr(s, f) for f in RECEIPT_FIELDS)
+        row = as_row(s)
+        if mine == prev:
+            row = tuple(None if f in RECEIPT_FIELDS else v for f, v in zip(s.__struct_fields__, row))
+        prev = mine
+        rows.append(row)
+    return rows
+
+
+def test_decode_snapshots_carries_a_receipts_columns(codec: types.ModuleType) -> None:
+    """Rows after a receipt's first take its six per-receipt fields (claim_batch_v4)."""
+    first = [snapshot(i, claim_id=9000) for i in range(5)]
+    second = [snapshot(i + 5, queue="other", priority=0, ready_slot=9, lane_id=11, claim_slot=2,
+                       claim_id=1 << 33) for i in range(4)]
+    snaps = first + second
+    rows = _receipt_rows(snaps)
+    assert sum(r[4] is None for r in rows) == 7  # only the two receipts' first rows are full
+    for shape in (rows, [list(r) for r in rows], iter(rows)):
+        got = codec.decode_snapshots(shape)
+        assert got == snaps
+        assert all(type(s) is ClaimSnapshot for s in got)
+    got = codec.decode_snapshots(rows)
+    # the receipt's values are the first row's objects, shared, not copies
+    assert all(g.claim_id is got[5].claim_id for g in got[5:])
+    assert got[5].claim_id is rows[5][13]
+
+
+def test_decode_snapshots_carry_references(codec: types.ModuleType) -> None:
+    queue = "q-" + str(id(object()))  # a str of its own, so its count is ours
+    snaps = [snapshot(i, queue=queue, claim_id=9000) for i in range(4)]
+    rows = _receipt_rows(snaps)
+    del snaps
+    before = sys.getrefcount(queue)
+    out = codec.decode_snapshots(rows)
+    assert sys.getrefcount(queue) == before + 4
+    assert [s.queue for s in out] == [queue] * 4
+    del out
+    assert sys.getrefcount(queue) == before
+
+
+def test_decode_snapshots_refuses_a_first_row_without_receipt_columns(codec: types.ModuleType) -> None:
+    rows = _receipt_rows([snapshot(0, claim_id=9000), snapshot(1, claim_id=9000)])
+    with pytest.raises(ValueError, match="awa-fast migrate"):
+        codec.decode_snapshots(rows[1:])
+    with pytest.raises(ValueError, match="awa-fast migrate"):
+        codec.decode_snapshots([list(rows[1])])
+
+
 def test_c_uses_fast_snapshot_layout(c_codec: types.ModuleType) -> None:
     """If ClaimSnapshot changes shape, the C fast paths must be re-verified (they turn off)."""
     assert c_codec._fast_snapshots is True
