@@ -439,6 +439,7 @@ def encode_closure_rows(snapshots: Sequence[ClaimSnapshot], outcome: int) -> byt
 _RECEIPT_FIELDS = ("queue", "priority", "ready_slot", "lane_id", "claim_slot", "claim_id")
 _RECEIPT_AT = tuple(ClaimSnapshot.__struct_fields__.index(name) for name in _RECEIPT_FIELDS)
 _QUEUE_AT = _RECEIPT_AT[0]
+_NREQUIRED = len(ClaimSnapshot.__struct_fields__) - len(ClaimSnapshot.__struct_defaults__)
 
 
 def decode_snapshots(rows: Iterable[Sequence[Any]]) -> list[ClaimSnapshot]:
@@ -446,12 +447,14 @@ def decode_snapshots(rows: Iterable[Sequence[Any]]) -> list[ClaimSnapshot]:
 
     A row whose queue is None takes the six per-receipt fields
     (``_RECEIPT_FIELDS``) from the row before it (claim_batch_v4 sends them on
-    a receipt's first row only); a full row is taken as it is.
+    a receipt's first row only); a full row is taken as it is. A row too
+    short to be a snapshot is never carried: ``ClaimSnapshot(*row)`` refuses
+    it (TypeError).
     """
     out: list[ClaimSnapshot] = []
     last: Sequence[Any] | None = None
     for row in rows:
-        if row[_QUEUE_AT] is None:
+        if len(row) >= _NREQUIRED and row[_QUEUE_AT] is None:
             if last is None:
                 raise ValueError("a claim row without its receipt's columns came first; "
                                  "the claim function and the decoder disagree (run `awa-fast migrate`)")

@@ -177,10 +177,11 @@ def decode_snapshots(rows):
 
     A row whose queue is None takes the six per-receipt fields
     (``_RECEIPT_FIELDS``) from the snapshot before it (claim_batch_v4 sends
-    them on a receipt's first row only); a full row is taken as it is.
+    them on a receipt's first row only); a full row is taken as it is. A row
+    too short to be a snapshot is never carried: ``ClaimSnapshot(*row)``
+    refuses it (TypeError).
     """
-    cdef Py_ssize_t i, n
-    cdef PyObject* row
+    cdef Py_ssize_t i, n, size
     cdef bint short
     if type(rows) is not list and type(rows) is not tuple:
         rows = list(rows)
@@ -188,27 +189,31 @@ def decode_snapshots(rows):
     cdef list out = PyList_New(n)
     snap = None
     for i in range(n):
-        if i >= PySequence_Fast_GET_SIZE(rows):  # a row's __iter__ shrank the list
+        if i >= PySequence_Fast_GET_SIZE(rows):  # a row's __iter__ or __getitem__ shrank the list
             raise RuntimeError("rows changed size during decode_snapshots")
-        row = PySequence_Fast_ITEMS(rows)[i]
-        if type(<object>row) is tuple and _queue_at < PyTuple_GET_SIZE(<object>row):
-            short = PyTuple_GET_ITEM(<object>row, _queue_at) == <PyObject*>None
+        # a strong reference: indexing a row that is not exactly a tuple runs Python code,
+        # which may drop the list's own reference to it
+        row = <object>PySequence_Fast_ITEMS(rows)[i]
+        size = 0
+        if type(row) is tuple:
+            size = PyTuple_GET_SIZE(row)
+            short = size >= _snap_nrequired and PyTuple_GET_ITEM(row, _queue_at) == <PyObject*>None
         else:
-            short = (<object>row)[_queue_at] is None
+            short = len(row) >= _snap_nrequired and row[_queue_at] is None
         if short and snap is None:  # (out's unfilled items are NULL, which freeing a list allows)
             raise ValueError("a claim row without its receipt's columns came first; "
                              "the claim function and the decoder disagree (run `awa-fast migrate`)")
         if (
             _snap_build_ok
-            and type(<object>row) is tuple
-            and _snap_nrequired <= PyTuple_GET_SIZE(<object>row) <= _snap_nfields
+            and type(row) is tuple
+            and _snap_nrequired <= size <= _snap_nfields
             and (not short or Py_TYPE(snap) == _snap_type)
         ):
             snap = _snapshot_from_tuple(<tuple>row, snap if short else None)
         elif short:
-            snap = ClaimSnapshot(*_carried(<object>row, snap))
+            snap = ClaimSnapshot(*_carried(row, snap))
         else:
-            snap = ClaimSnapshot(*<object>row)
+            snap = ClaimSnapshot(*row)
         Py_INCREF(snap)
         PyList_SET_ITEM(out, i, snap)
     return out

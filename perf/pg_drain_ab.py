@@ -5,7 +5,8 @@ bench starts inherits it), re-migrates the bench schema from that tree's
 ``sql/`` and drains on the same embedded server, so the two arms differ only
 in their code and migrations. Give each tree a built codec (``tools/dev.py
 setup``, or a copy of the other tree's ``awa_fast/_codec*.so`` when ``cext/``
-is the same). An arm runs under its tree's ``.venv/bin/python`` when there is
+is the same: a codec from another ``cext/`` may not decode that tree's claim
+rows, e.g. claim_batch_v4's carried columns). An arm runs under its tree's ``.venv/bin/python`` when there is
 one (an editable install resolves ``awa_fast.sql`` to its own checkout).
 
     python perf/pg_drain_ab.py --a /path/to/main-tree --b . --home /tmp/NAME-pg --schema bench_NAME

@@ -648,6 +648,44 @@ def test_decode_snapshots_refuses_a_first_row_without_receipt_columns(codec: typ
         codec.decode_snapshots([list(rows[1])])
 
 
+def test_decode_snapshots_refuses_short_rows_without_carrying(codec: types.ModuleType) -> None:
+    """A row too short to be a snapshot is a TypeError, also with None where the queue goes (never carried)."""
+    full = as_row(snapshot(0))
+    for length in range(0, 15):
+        for shape in (tuple, list):
+            row = shape(full[:length])
+            if length > 4:
+                row = shape((*row[:4], None, *row[5:]))
+            with pytest.raises(TypeError):
+                codec.decode_snapshots([full, row])
+            with pytest.raises(TypeError):
+                codec.decode_snapshots([row])
+
+
+def test_decode_snapshots_holds_a_row_whose_indexing_drops_the_lists_reference(codec: types.ModuleType) -> None:
+    """Indexing a row that is not exactly a tuple runs Python code, which may drop the list's reference
+    to it; the decoder keeps its own reference while it uses the row (else it reads freed memory).
+
+    Inside ``__getitem__``, after the list let go, the row is held by the call's frame and
+    ``getrefcount``'s argument, and by the decoder only if it took a reference of its own.
+    """
+    full = as_row(snapshot(0))
+    rows: list[Any] = []
+    held: list[int] = []
+
+    class Row(tuple):  # type: ignore[type-arg]
+        def __getitem__(self, i: Any) -> Any:
+            if rows:
+                rows.clear()
+                held.append(sys.getrefcount(self))
+            return tuple.__getitem__(self, i)
+
+    rows.append(Row(full))
+    got = codec.decode_snapshots(rows)
+    assert held and held[0] >= 3, held
+    assert got == [snapshot(0)]
+
+
 def test_c_uses_fast_snapshot_layout(c_codec: types.ModuleType) -> None:
     """If ClaimSnapshot changes shape, the C fast paths must be re-verified (they turn off)."""
     assert c_codec._fast_snapshots is True
