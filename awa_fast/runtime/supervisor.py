@@ -261,11 +261,15 @@ class Supervisor:
         self._ring: Any = None
 
     def request_drain(self, *_: object) -> None:
-        """Start a graceful drain (signal handler): children are told at once."""
+        """Start a graceful drain (signal handler): children are told at once.
+
+        No I/O but the signals: the handler runs on the main thread between
+        two bytecodes, maybe inside a log write to the same stream (a
+        buffered stream refuses a re-entrant write). ``_drain`` logs it.
+        """
         if self._draining:
             return
         self._draining = True
-        log.info("drain requested", extra={"action": "drain_requested"})
         self._signal_children(signal.SIGTERM)
 
     def _signal_children(self, sig: int) -> None:
@@ -411,6 +415,7 @@ class Supervisor:
 
     def _drain(self) -> int:
         deadline = time.monotonic() + self.config.drain_timeout + 5.0
+        log.info("drain requested", extra={"action": "drain_requested"})
         self._signal_children(signal.SIGTERM)
         clean = True
         for child in self._children:
