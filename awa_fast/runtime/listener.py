@@ -27,9 +27,7 @@ helper thread, through this listener's
 from __future__ import annotations
 
 import logging
-import math
 import os
-import select
 import threading
 import time
 from dataclasses import dataclass, field
@@ -38,7 +36,7 @@ import psycopg
 from psycopg import pq
 
 from awa_fast.errors import DatabaseUnavailable
-from awa_fast.runtime.stopflag import StopFlag
+from awa_fast.runtime.stopflag import StopFlag, wait_readable
 from awa_fast.runtime.watchdog import IoGuard
 from awa_fast.storage import Storage, close_quietly, connect
 
@@ -72,18 +70,6 @@ class Wakeup(StopFlag):
                 pass
         except OSError:  # empty
             pass
-
-
-def wait_readable(fds: tuple[int, ...], timeout: float) -> None:
-    """Block until one of ``fds`` is readable (or has hung up) or ``timeout`` seconds passed.
-
-    ``poll``, not ``select``: a process with more than 1,024 open files (an
-    application hosting the in-process worker) may hand out larger numbers.
-    """
-    poller = select.poll()
-    for fd in fds:
-        poller.register(fd, select.POLLIN)
-    poller.poll(max(0, math.ceil(timeout * 1000.0)))
 
 
 @dataclass(frozen=True, slots=True)

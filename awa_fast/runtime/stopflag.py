@@ -51,9 +51,7 @@ class StopFlag:
         """Wait until set or ``timeout`` seconds passed (None: no limit); True if set."""
         if self._flag:
             return True
-        poller = select.poll()  # not select(): an application may hand out fd numbers above 1,024
-        poller.register(self._r, select.POLLIN)
-        poller.poll(None if timeout is None else max(0, math.ceil(timeout * 1000.0)))
+        wait_readable((self._r,), timeout)
         return self._flag
 
     def __del__(self) -> None:
@@ -65,3 +63,15 @@ class StopFlag:
                     os.close(fd)
                 except OSError:
                     pass
+
+
+def wait_readable(fds: tuple[int, ...], timeout: float | None) -> None:
+    """Block until one of ``fds`` is readable (or has hung up) or ``timeout`` seconds passed (None: no limit).
+
+    ``poll``, not ``select``: a process with more than 1,024 open files (an
+    application hosting the in-process worker) may hand out larger numbers.
+    """
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    poller.poll(None if timeout is None else max(0, math.ceil(timeout * 1000.0)))
