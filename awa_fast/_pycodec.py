@@ -43,6 +43,7 @@ from operator import index as _index
 from typing import Any
 
 from awa_fast.errors import PayloadError
+from awa_fast.jobs import RECEIPT_FIELDS as _RECEIPT_FIELDS
 from awa_fast.jobs import AttemptClosed, ClaimSnapshot, Job
 from awa_fast.outcomes import COMPLETED, Unwritten
 
@@ -434,9 +435,7 @@ def encode_closure_rows(snapshots: Sequence[ClaimSnapshot], outcome: int) -> byt
 # claim snapshots
 
 
-# The columns a claim (claim_batch_v4, migration 0021) sends once per receipt: on the receipt's
-# first row, NULL (None) on the rest, which carry the first row's values. All six come together.
-_RECEIPT_FIELDS = ("queue", "priority", "ready_slot", "lane_id", "claim_slot", "claim_id")
+# the fields claim_batch_v4 sends once per receipt (awa_fast.jobs.RECEIPT_FIELDS), by position
 _RECEIPT_AT = tuple(ClaimSnapshot.__struct_fields__.index(name) for name in _RECEIPT_FIELDS)
 _QUEUE_AT = _RECEIPT_AT[0]
 _NREQUIRED = len(ClaimSnapshot.__struct_fields__) - len(ClaimSnapshot.__struct_defaults__)

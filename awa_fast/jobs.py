@@ -69,6 +69,12 @@ class ClaimSnapshot(msgspec.Struct, frozen=True, gc=False):
     progress: bytes | None = None
 
 
+# The ClaimSnapshot fields a claim (claim_batch_v4, migration 0021) sends once per receipt: on the
+# receipt's first row, NULL (None) on the rest, which carry the first row's values (decode_snapshots
+# in the codec and its Python twin). All six come together.
+RECEIPT_FIELDS = ("queue", "priority", "ready_slot", "lane_id", "claim_slot", "claim_id")
+
+
 __all__ = [
     "AttemptClosed",
     "ClaimSnapshot",

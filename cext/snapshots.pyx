@@ -122,12 +122,15 @@ cdef inline object _snap_field(object snap, Py_ssize_t off, str name):
     return getattr(snap, name)
 
 
-# The columns a claim (claim_batch_v4, migration 0021) sends once per receipt: on the receipt's
-# first row, NULL (None) on the rest, which carry the first row's values. All six come together.
-_RECEIPT_FIELDS = ("queue", "priority", "ready_slot", "lane_id", "claim_slot", "claim_id")
+# the fields claim_batch_v4 sends once per receipt (awa_fast.jobs.RECEIPT_FIELDS), by position
+from awa_fast.jobs import RECEIPT_FIELDS as _RECEIPT_FIELDS
+
 _RECEIPT_AT = tuple(ClaimSnapshot.__struct_fields__.index(name) for name in _RECEIPT_FIELDS)
 cdef Py_ssize_t _queue_at = _RECEIPT_AT[0]
-cdef Py_ssize_t[6] _receipt_at
+cdef Py_ssize_t _n_receipt = len(_RECEIPT_AT)
+cdef Py_ssize_t[16] _receipt_at
+if _n_receipt > 16:
+    raise ImportError(f"{_n_receipt} per-receipt fields: the codec holds at most 16 (rebuild with a larger array)")
 for _i, _at in enumerate(_RECEIPT_AT):
     _receipt_at[_i] = _at
 
@@ -153,7 +156,7 @@ cdef object _snapshot_from_tuple(tuple row, object carry):
         (<PyObject**>(base + _snap_off[i]))[0] = <PyObject*>None
     if carry is not None:
         src = <char*><PyObject*>carry
-        for i in range(6):
+        for i in range(_n_receipt):
             slot = <PyObject**>(base + _snap_off[_receipt_at[i]])
             item = (<PyObject**>(src + _snap_off[_receipt_at[i]]))[0]
             Py_INCREF(<object>item)
@@ -165,9 +168,9 @@ cdef object _snapshot_from_tuple(tuple row, object carry):
 
 
 cdef object _carried(object row, object last):
-    """``row`` as a list with the six per-receipt fields of snapshot ``last`` (the generic path)."""
+    """``row`` as a list with the per-receipt fields of snapshot ``last`` (the generic path)."""
     filled = list(row)
-    for i in range(6):
+    for i in range(_n_receipt):
         filled[_receipt_at[i]] = getattr(last, _RECEIPT_FIELDS[i])
     return filled
 
