@@ -13,6 +13,7 @@ opened on first use in the running event loop).
 from __future__ import annotations
 
 import contextlib
+import datetime as _dt
 import inspect
 import logging
 import math
@@ -37,7 +38,7 @@ from awa_fast.errors import ConfigError, DatabaseUnavailable, OutOfRange
 from awa_fast.jobs import TIMEOUT_KEY, AttemptClosed, JobSpec
 from awa_fast.limits import KEEP, check_concurrency_key
 from awa_fast.records import int_in
-from awa_fast.storage import connect, redact_dsn
+from awa_fast.storage import RawJson, connect, redact_dsn
 from awa_fast.storage.connection import PoolConnection
 from awa_fast.unique import Unique
 
@@ -293,11 +294,18 @@ class App(AdminMixin, Client):
             return contextlib.nullcontext(conn)
         return self._pool().connection()  # type: ignore[no-any-return]
 
-    def _single_target(self, target: psycopg.Connection, own: bool) -> psycopg.Connection | psycopg.Cursor[Any]:
-        # the pool's connection is this thread's alone until the call returns: reuse its cursor
+    def _enqueue_single(self, target: psycopg.Connection, own: bool, queue: str, priority: int, kind: str,
+                        args: RawJson, metadata: RawJson | None, max_attempts: int, run_at: _dt.datetime | None,
+                        delay: float | None) -> int:
+        # the pool's connection is this thread's alone until the call returns: a job to run now
+        # goes through one prepared statement on libpq itself, a scheduled one reuses the cursor
         if own and isinstance(target, PoolConnection):
-            return target.enqueue_cursor()
-        return target
+            if run_at is None and delay is None:
+                return self.storage.job_enqueue_direct(target, queue, priority, kind, args, metadata, max_attempts)
+            return self.storage.job_enqueue(target.enqueue_cursor(), queue, priority, kind, args, metadata,
+                                            max_attempts, run_at, delay)
+        return super()._enqueue_single(target, own, queue, priority, kind, args, metadata, max_attempts, run_at,
+                                       delay)
 
     @contextlib.asynccontextmanager
     async def _aconn_scope(self, conn: psycopg.AsyncConnection | None) -> AsyncIterator[psycopg.AsyncConnection]:

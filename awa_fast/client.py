@@ -248,17 +248,18 @@ class Client:
                 return self.storage.job_enqueue_keyed(target, q, prio, kind, a, m, attempts, when, wait, key)
             if unique:
                 return _unique.enqueue_one(self.storage, target, unique, q, prio, kind, a, m, attempts, when, wait)
-            return self.storage.job_enqueue(self._single_target(target, conn is None), q, prio, kind, a, m,
-                                            attempts, when, wait)
+            return self._enqueue_single(target, conn is None, q, prio, kind, a, m, attempts, when, wait)
 
-    def _single_target(self, target: psycopg.Connection, own: bool) -> psycopg.Connection | psycopg.Cursor[Any]:
-        """What a single enqueue runs its one statement on: here always the connection itself.
+    def _enqueue_single(self, target: psycopg.Connection, own: bool, queue: str, priority: int, kind: str,
+                        args: RawJson, metadata: RawJson | None, max_attempts: int, run_at: _dt.datetime | None,
+                        delay: float | None) -> int:
+        """One plain enqueue (no unique key, no concurrency key) on ``target``; returns the job id.
 
         A caller's connection may be shared by several threads, and the client's own one is not
         promised to be thread-safe, so each call gets a new cursor (``conn.execute``).
-        :class:`awa_fast.App` reuses one cursor per connection of its pool (``own``).
+        :class:`awa_fast.App` takes a faster path on its own pool's connections (``own``).
         """
-        return target
+        return self.storage.job_enqueue(target, queue, priority, kind, args, metadata, max_attempts, run_at, delay)
 
     async def enqueue_async(self, kind: str, args: Any = None, *, conn: psycopg.AsyncConnection,
                             queue: str | None = None, priority: int | None = None,

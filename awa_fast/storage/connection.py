@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
+from psycopg import pq
 
 from awa_fast.errors import ConfigError, DatabaseUnavailable
 
@@ -17,9 +19,13 @@ class PoolConnection(psycopg.Connection[Any]):
     (``conn.execute``) builds a new psycopg Transformer: ~14 µs of client CPU,
     a fifth of an ``App.enqueue`` (docs/performance-log.md, 2026-12-02 producers).
     A caller's own connection may be shared by threads: it never gets one.
+
+    :meth:`call_prepared` goes one step further for the App's single enqueue:
+    one server-side prepared statement run through libpq itself.
     """
 
     _enqueue_cur: psycopg.Cursor[Any] | None = None
+    _prepared_direct: set[bytes] | None = None  # statements call_prepared prepared on this session
 
     def enqueue_cursor(self) -> psycopg.Cursor[Any]:
         """The connection's single-enqueue cursor, created on first use."""
@@ -27,6 +33,46 @@ class PoolConnection(psycopg.Connection[Any]):
         if cur is None or cur.closed:
             cur = self._enqueue_cur = self.cursor()
         return cur
+
+    def call_prepared(self, name: bytes, sql: bytes, params: Sequence[bytes | None]) -> bytes | None:
+        """Run ``sql`` (``$n`` placeholders) as the prepared statement ``name``; its one value, binary.
+
+        Every parameter is sent in binary format, already encoded by the caller (no
+        NUL-terminated text reaches libpq). For an autocommit connection held by one
+        thread (a pool's, between ``getconn`` and ``putconn``): the call is its own
+        transaction, committed before it returns. psycopg's cursor layer costs ~40 µs
+        of client CPU per call on top of libpq's ~33 µs (perf/producers_floor.py; the
+        10-producer scenario is client and server CPU bound). The statement is prepared
+        on first use and again if the session lost it (``DISCARD ALL``, ``DEALLOCATE``).
+        A server error raises the psycopg exception the cursor would have raised.
+        """
+        if not self.autocommit or self.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+            raise psycopg.ProgrammingError("call_prepared needs an idle autocommit connection")
+        with self.lock:
+            prepared = self._prepared_direct
+            if prepared is None:
+                prepared = self._prepared_direct = set()
+            pg = self.pgconn
+            formats = [1] * len(params)
+            for attempt in (0, 1):
+                if name not in prepared:
+                    self._check(pg.prepare(name, sql), pq.ExecStatus.COMMAND_OK)
+                    prepared.add(name)
+                res = pg.exec_prepared(name, params, formats, 1)  # type: ignore[arg-type]  # None is NULL
+                if (res.status == pq.ExecStatus.FATAL_ERROR and attempt == 0
+                        and res.error_field(pq.DiagnosticField.SQLSTATE) == b"26000"):
+                    prepared.discard(name)  # the session lost it: prepare it again, once
+                    continue
+                self._check(res, pq.ExecStatus.TUPLES_OK)
+                return res.get_value(0, 0)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _check(self, res: pq.abc.PGresult, ok: pq.ExecStatus) -> None:
+        if res.status == ok:
+            return
+        if self.pgconn.status == pq.ConnStatus.BAD:  # as psycopg's cursor reports a lost session
+            raise psycopg.OperationalError(pq.error_message(res, encoding=self.info.encoding))
+        raise psycopg.errors.error_from_result(res, encoding=self.info.encoding)
 
 
 def close_quietly(conn: psycopg.Connection | None) -> None:

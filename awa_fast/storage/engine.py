@@ -19,6 +19,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import hashlib
+import itertools
+import re
+import struct
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -30,7 +34,7 @@ from awa_fast import _impl
 from awa_fast.errors import ConfigError, SchemaNotMigrated, SchemaTooNew
 from awa_fast.jobs import ClaimSnapshot
 from awa_fast.limits import KEEP as _LIMIT_KEEP
-from awa_fast.storage.connection import clean_text
+from awa_fast.storage.connection import PoolConnection, clean_text
 from awa_fast.storage.copy_rows import COPY_LANES, encode_done_result_rows
 from awa_fast.storage.copy_rows import copy_blocks as _copy_blocks
 from awa_fast.storage.keys import KeyLimitQueries
@@ -57,10 +61,21 @@ _CLOSURE_COPY = ("COPY __SCHEMA__.lease_claim_closures (claim_slot, claim_id, jo
                  " FROM STDIN (FORMAT binary)")
 
 
+_INT4 = struct.Struct("!i")
+_INT8 = struct.Struct("!q")
+
+
+def _direct_statement(query: str) -> tuple[bytes, bytes]:
+    """A named query for :meth:`PoolConnection.call_prepared`: its ``%s`` become ``$1..$n``; its name."""
+    n = itertools.count(1)
+    sql = re.sub(r"%s", lambda _m: f"${next(n)}", query).encode()
+    return b"awa_fast_" + hashlib.blake2b(sql, digest_size=8).hexdigest().encode(), sql
+
+
 class Storage(KeyLimitQueries, SessionQueries):
     """All SQL of one awa-fast schema. Stateless apart from its rendered queries."""
 
-    __slots__ = ("schema", "q", "channel", "_closure_copy", "_done_result_copy")
+    __slots__ = ("schema", "q", "channel", "_closure_copy", "_done_result_copy", "_enqueue_direct")
 
     def __init__(self, schema: str = "awa_fast") -> None:
         self.schema = validate_schema(schema)
@@ -68,6 +83,7 @@ class Storage(KeyLimitQueries, SessionQueries):
         self.channel = f"awa_fast_{schema}"
         self._closure_copy = render(_CLOSURE_COPY, schema)
         self._done_result_copy = render(_DONE_RESULT_COPY, schema)
+        self._enqueue_direct = _direct_statement(self.q["job_enqueue"])
 
     def __repr__(self) -> str:
         return f"Storage(schema={self.schema!r})"
@@ -108,6 +124,23 @@ class Storage(KeyLimitQueries, SessionQueries):
                                (queue, priority, kind, args, metadata, max_attempts, run_at)).fetchone()
         assert row is not None
         return int(row[0])
+
+    def job_enqueue_direct(self, conn: PoolConnection, queue: str, priority: int, kind: str, args: RawJson,
+                           metadata: RawJson | None, max_attempts: int) -> int:
+        """:meth:`job_enqueue` of a job to run now, as its own transaction on an idle pool connection.
+
+        The same ``job_enqueue_v2`` call, run as a prepared statement through libpq with its
+        parameters encoded here in binary (:meth:`PoolConnection.call_prepared`): ~40 µs less
+        client CPU per call than the cursor path, in a scenario bound by client and server CPU
+        together (performance-log, 2026-12-05 producers).
+        """
+        name, sql = self._enqueue_direct
+        value = conn.call_prepared(name, sql, (
+            queue.encode(), _INT4.pack(priority), kind.encode(), b"\x01" + args,
+            None if metadata is None else b"\x01" + metadata, _INT4.pack(max_attempts), None))
+        if value is None:  # pragma: no cover - job_enqueue_v2 never returns NULL
+            raise AssertionError("job_enqueue_v2 returned NULL")
+        return int(_INT8.unpack(value)[0])
 
     async def job_enqueue_async(self, conn: psycopg.AsyncConnection, queue: str, priority: int, kind: str,
                                 args: RawJson, metadata: RawJson | None, max_attempts: int,

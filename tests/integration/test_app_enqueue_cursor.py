@@ -6,7 +6,8 @@ the 10-producer scenario (docs/performance-log.md, 2026-12-02 producers). The
 App keeps one cursor on each connection of its own pool. A pool connection
 belongs to one thread from ``getconn`` to ``putconn``, so its cursor does
 too; a caller's connection (``conn=``) may be shared and still gets a new
-cursor per call.
+cursor per call. A job to run now skips the cursor too
+(tests/integration/test_app_enqueue_direct.py); a scheduled one uses it.
 """
 
 from __future__ import annotations
@@ -38,17 +39,18 @@ def cursors_made(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 def test_single_enqueues_reuse_the_pool_connections_cursor(pg_dsn, schema, conn, cursors_made):
     with App(pg_dsn, schema) as app:
-        first = app.enqueue("cursor.kind", {"i": -1}, queue=Q)  # opens the pool, builds the cursor
+        first = app.enqueue("cursor.kind", {"i": -1}, queue=Q)  # opens the pool
+        later = [app.enqueue("cursor.kind", {"i": 100}, queue=Q, delay=3600)]  # builds the cursor
         before = len(cursors_made)
-        ids = [app.enqueue("cursor.kind", {"i": i}, queue=Q) for i in range(50)]
-        ids.append(app.enqueue("cursor.kind", {"i": 50}, queue=Q, delay=3600))  # the delayed statement too
-        assert len(cursors_made) == before  # main built one per call: 51 here
+        ids = [app.enqueue("cursor.kind", {"i": i}, queue=Q) for i in range(50)]  # no cursor: the direct path
+        later.append(app.enqueue("cursor.kind", {"i": 50}, queue=Q, delay=3600))  # the delayed statement reuses it
+        assert len(cursors_made) == before  # a new cursor per call would make 51 here
     rows = dict(sqlx(conn, schema, "SELECT job_id, (args->>'i')::int FROM __SCHEMA__.ready_entries "
-                                   "WHERE job_id = ANY(%s)", (ids[:-1] + [first],)).fetchall())
-    assert rows == {first: -1, **{job_id: i for i, job_id in enumerate(ids[:-1])}}
-    deferred = sqlx(conn, schema, "SELECT (args->>'i')::int FROM __SCHEMA__.deferred_jobs WHERE job_id = %s",
-                    (ids[-1],)).fetchone()
-    assert deferred == (50,)
+                                   "WHERE job_id = ANY(%s)", (ids + [first],)).fetchall())
+    assert rows == {first: -1, **{job_id: i for i, job_id in enumerate(ids)}}
+    deferred = sqlx(conn, schema, "SELECT (args->>'i')::int FROM __SCHEMA__.deferred_jobs WHERE job_id = ANY(%s) "
+                                  "ORDER BY job_id", (later,)).fetchall()
+    assert deferred == [(100,), (50,)]
 
 
 def test_a_callers_connection_gets_a_new_cursor_per_call(pg_dsn, schema, cursors_made):
