@@ -35,6 +35,7 @@ from awa_fast.jobs import ClaimSnapshot, Job
 from awa_fast.outcomes import COMPLETED, CloseCode, Outcome, Unwritten
 from awa_fast.runtime.watchdog import IoGuard
 from awa_fast.storage import RawJson, Storage, close_quietly, connect
+from awa_fast.storage.connection import PoolConnection
 
 log = logging.getLogger("awa_fast.batcher")
 
@@ -193,7 +194,10 @@ class CompletionBatcher:
 
     def _connection(self) -> psycopg.Connection:
         if self._conn is None or self._conn.closed:
-            self._conn = connect(self.config.dsn, application_name=self.config.application_name)
+            # PoolConnection: this thread alone uses it, so the quiet completion may run
+            # through libpq itself (Storage.receipt_complete_rows)
+            self._conn = connect(self.config.dsn, application_name=self.config.application_name,
+                                 connection_class=PoolConnection)
         return self._conn
 
     def _flush_with_retry(self, batch: list[Closed]) -> None:

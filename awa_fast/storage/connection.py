@@ -12,20 +12,20 @@ from awa_fast.errors import ConfigError, DatabaseUnavailable
 
 
 class PoolConnection(psycopg.Connection[Any]):
-    """A connection of an App's own pool; it keeps one cursor for single enqueues.
+    """A connection one thread holds at a time: an App's pool's, a completion batcher's.
 
-    The pool hands a connection to one thread at a time (from ``getconn`` to
-    ``putconn``), so that cursor is never shared. A new cursor per call
+    It keeps one cursor for single enqueues. The pool hands a connection to one
+    thread at a time (from ``getconn`` to ``putconn``), so that cursor is never shared. A new cursor per call
     (``conn.execute``) builds a new psycopg Transformer: ~14 µs of client CPU,
     a fifth of an ``App.enqueue`` (docs/performance-log.md, 2026-12-02 producers).
     A caller's own connection may be shared by threads: it never gets one.
 
-    :meth:`call_prepared` goes one step further for the App's single enqueue:
-    one server-side prepared statement run through libpq itself.
+    :meth:`run_prepared` goes one step further for the App's single enqueue and the
+    batcher's quiet completion: one server-side prepared statement run through libpq itself.
     """
 
     _enqueue_cur: psycopg.Cursor[Any] | None = None
-    _prepared_direct: set[bytes] | None = None  # statements call_prepared prepared on this session
+    _prepared_direct: set[bytes] | None = None  # statements run_prepared prepared on this session
 
     def enqueue_cursor(self) -> psycopg.Cursor[Any]:
         """The connection's single-enqueue cursor, created on first use."""
@@ -34,26 +34,28 @@ class PoolConnection(psycopg.Connection[Any]):
             cur = self._enqueue_cur = self.cursor()
         return cur
 
-    def call_prepared(self, name: bytes, sql: bytes, params: Sequence[bytes | None]) -> bytes | None:
-        """Run ``sql`` (``$n`` placeholders) as the prepared statement ``name``; its one value, binary.
+    def run_prepared(self, name: bytes, sql: bytes, params: Sequence[bytes | None], *,
+                     text: bool = False) -> pq.abc.PGresult:
+        """Run ``sql`` (``$n`` placeholders) as the prepared statement ``name``; its result, binary.
 
-        Every parameter is sent in binary format, already encoded by the caller (no
-        NUL-terminated text reaches libpq). For an autocommit connection held by one
-        thread (a pool's, between ``getconn`` and ``putconn``): the call is its own
-        transaction, committed before it returns. psycopg's cursor layer costs ~40 µs
-        of client CPU per call on top of libpq's ~33 µs (perf/producers_floor.py; the
-        10-producer scenario is client and server CPU bound). The statement is prepared
-        on first use and again if the session lost it (``DISCARD ALL``, ``DEALLOCATE``).
-        A server error raises the psycopg exception the cursor would have raised.
+        The parameters come already encoded by the caller: in binary format, or with
+        ``text`` in text format (no NUL inside, as PostgreSQL never stores one). For an
+        autocommit connection held by one thread (a pool's between ``getconn`` and
+        ``putconn``, a batcher's own): the call is its own transaction, committed before
+        it returns. psycopg's cursor layer costs ~40-50 µs of client CPU per call on top
+        of libpq's ~33 µs (perf/producers_floor.py; performance-log, 2026-12-05). The
+        statement is prepared on first use and again if the session lost it
+        (``DISCARD ALL``, ``DEALLOCATE``). A server error raises the psycopg exception the
+        cursor would have raised; a lost session :class:`psycopg.OperationalError`.
         """
         if not self.autocommit or self.pgconn.transaction_status != pq.TransactionStatus.IDLE:
-            raise psycopg.ProgrammingError("call_prepared needs an idle autocommit connection")
+            raise psycopg.ProgrammingError("run_prepared needs an idle autocommit connection")
         with self.lock:
             prepared = self._prepared_direct
             if prepared is None:
                 prepared = self._prepared_direct = set()
             pg = self.pgconn
-            formats = [1] * len(params)
+            formats = None if text else [1] * len(params)
             for attempt in (0, 1):
                 if name not in prepared:
                     self._check(pg.prepare(name, sql), pq.ExecStatus.COMMAND_OK)
@@ -64,7 +66,7 @@ class PoolConnection(psycopg.Connection[Any]):
                     prepared.discard(name)  # the session lost it: prepare it again, once
                     continue
                 self._check(res, pq.ExecStatus.TUPLES_OK)
-                return res.get_value(0, 0)
+                return res
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _check(self, res: pq.abc.PGresult, ok: pq.ExecStatus) -> None:
@@ -99,17 +101,19 @@ def clean_text(text: str | None, limit: int = 8192) -> str | None:
 
 
 def connect(dsn: str, *, application_name: str = "awa_fast", autocommit: bool = True,
-            connect_timeout: int = 10, **kwargs: Any) -> psycopg.Connection:
+            connect_timeout: int = 10, connection_class: type[psycopg.Connection[Any]] = psycopg.Connection,
+            **kwargs: Any) -> psycopg.Connection:
     """Open a connection, mapping connection failures to :class:`DatabaseUnavailable`.
 
     ``connect_timeout`` (seconds, at least 2) bounds a connection attempt to a
-    silent peer. The message never contains the password of the DSN: a DSN
+    silent peer. ``connection_class``: :class:`PoolConnection` for a connection one
+    thread holds at a time. The message never contains the password of the DSN: a DSN
     libpq cannot parse raises :class:`ConfigError` without libpq's text, which
     quotes the part it choked on (a password, or the whole URI).
     """
     try:
-        return psycopg.connect(dsn, autocommit=autocommit, application_name=application_name,
-                               connect_timeout=max(2, int(connect_timeout)), **kwargs)
+        return connection_class.connect(dsn, autocommit=autocommit, application_name=application_name,
+                                        connect_timeout=max(2, int(connect_timeout)), **kwargs)
     except psycopg.ProgrammingError:
         raise ConfigError(_DSN_UNPARSEABLE) from None
     except psycopg.OperationalError as exc:

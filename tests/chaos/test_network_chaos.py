@@ -13,6 +13,8 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
+from awa_fast.storage import Storage
+from awa_fast.storage.engine import _direct_statement
 from tests.chaos.chaos_helpers import (
     Expect,
     Supervise,
@@ -234,14 +236,19 @@ def test_lost_commit_ack_of_a_completion_batch(pg, proxy, obs, schema, tmp_path)
     completed, not as stale outcomes (before, they were logged and counted as stale).
 
     The trigger is the COMMIT of a batched flush or, for a small flush sent as one autocommit
-    statement, that statement (its answer is its acknowledgement). The rule is armed before the
-    first flush: a statement's text travels only until psycopg prepares it.
+    statement, that statement (its answer is its acknowledgement). The small flush runs as a
+    prepared statement through libpq: its first flush sends the text with the name (Parse), every
+    later one only the name (Bind). The rule is armed after a first small flush, so it hits an
+    execution, not the Parse (whose lost answer would leave nothing committed to find).
     """
-    n = 400
+    n, first = 400, 4
     sup = _sup(pg, proxy, schema, tmp_path, stripes=1, concurrency=8)
-    rule = proxy.lose_ack(r"^awa_fast:batcher:", (b"COMMIT", b"receipt_complete"), close_after=0.3, count=1)
+    statement = _direct_statement(Storage(schema).q["receipt_complete_rows"])[0]
     with supervisors(sup.start()):
-        enqueue_many(pg.dsn, schema, n, {"sleep": 0.002})
+        enqueue_many(pg.dsn, schema, first, {"sleep": 0.002})
+        wait_terminal(obs, schema, first, 30)
+        rule = proxy.lose_ack(r"^awa_fast:batcher:", (b"COMMIT", statement), close_after=0.3, count=1)
+        enqueue_many(pg.dsn, schema, n - first, {"sleep": 0.002})
         wait_terminal(obs, schema, n, 30)
         wait_for(lambda: rule.fired, 5, "the lost acknowledgement")
         wait_for(lambda: sup.replayed_completions() >= 1, 10, "the replayed batch to find its own completions")

@@ -97,11 +97,11 @@ def test_a_lost_session_raises_operational_error_and_the_pool_replaces_it(pg_dsn
     assert found == [(0,), (2,)]
 
 
-def test_call_prepared_refuses_a_connection_in_a_transaction(pg_dsn):
+def test_run_prepared_refuses_a_connection_in_a_transaction(pg_dsn):
     with PoolConnection.connect(pg_dsn) as pc:  # not autocommit: the call could not be its own transaction
         with pytest.raises(psycopg.ProgrammingError, match="idle autocommit"):
-            pc.call_prepared(b"awa_fast_probe", b"SELECT 1", ())
+            pc.run_prepared(b"awa_fast_probe", b"SELECT 1", ())
         pc.autocommit = True
         pc.execute("BEGIN")
         with pytest.raises(psycopg.ProgrammingError, match="idle autocommit"):
-            pc.call_prepared(b"awa_fast_probe", b"SELECT 1", ())
+            pc.run_prepared(b"awa_fast_probe", b"SELECT 1", ())

@@ -15,6 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from awa_fast.storage import use_raw_jsonb
+from awa_fast.storage.connection import PoolConnection
 from awa_fast.storage.engine import _bool_array, _int_array, _text_array
 from tests.fixtures.database import sqlx
 from tests.integration.storage_helpers import claim
@@ -42,12 +44,21 @@ def test_int_and_bool_literals_round_trip(conn, values):
                         (_int_array(values), _bool_array(bools))).fetchone() == (values, bools)
 
 
-def test_a_quiet_completion_records_the_snapshots_queue_and_kind(schema, storage, conn):
+@pytest.mark.parametrize("direct", [False, True], ids=["cursor", "libpq"])
+def test_a_quiet_completion_records_the_snapshots_queue_and_kind(pg_dsn, schema, storage, conn, direct):
+    """On a PoolConnection (a batcher's) the call runs through libpq; elsewhere through a cursor: same rows."""
     queue, kind = 'q,"NULL"', "kind\\{x}"  # names only SQL can give (the client refuses them)
-    job = sqlx(conn, schema, "SELECT __SCHEMA__.job_enqueue_v2(%s, 2, %s, '{}', NULL, 3, NULL)",
-               (queue, kind)).fetchone()[0]
-    [snap] = claim(storage, conn, queue, 10)
-    assert (snap.job_id, snap.queue, snap.kind) == (job, queue, kind)
-    assert storage.receipt_complete_rows(conn, [snap]) == []
-    assert sqlx(conn, schema, "SELECT queue, kind, state FROM __SCHEMA__.done_entries WHERE job_id = %s",
-                (job,)).fetchall() == [(queue, kind, 1)]
+    jobs = [sqlx(conn, schema, "SELECT __SCHEMA__.job_enqueue_v2(%s, 2, %s, '{}', NULL, 3, NULL)",
+                 (queue, kind)).fetchone()[0] for _ in range(3)]
+    snaps = claim(storage, conn, queue, 10)
+    assert [(s.job_id, s.queue, s.kind) for s in snaps] == [(j, queue, kind) for j in jobs]
+    cls = PoolConnection if direct else psycopg.Connection
+    with cls.connect(pg_dsn, autocommit=True) as c:
+        use_raw_jsonb(c)
+        assert storage.receipt_complete_rows(c, snaps[:2]) == []
+        # a repeat is stale and writes nothing, the third still completes
+        assert storage.receipt_complete_rows(c, snaps) == sorted((s.job_id, s.run_lease) for s in snaps[:2])
+        prepared = c.execute("SELECT count(*) FROM pg_prepared_statements WHERE name LIKE 'awa_fast_%'").fetchone()
+    assert prepared == ((1,) if direct else (0,))
+    assert sqlx(conn, schema, "SELECT job_id, queue, kind, state FROM __SCHEMA__.done_entries ORDER BY job_id"
+                ).fetchall() == [(j, queue, kind, 1) for j in jobs]
