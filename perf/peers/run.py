@@ -136,6 +136,23 @@ def recreate_db(admin_url: str, db: str) -> None:
 # -- runs --------------------------------------------------------------------------------------
 
 
+def checkpoint(admin_url: str) -> float:
+    """``CHECKPOINT`` before a system's run of a scenario; its seconds.
+
+    The drains and bulk loads before it leave up to ~1 GB of WAL, and a checkpoint the
+    server starts by itself lands in whichever run comes next: in the 10-producer
+    scenario, whose every job is a durable commit, that moved one system's result by up
+    to 2x between runs (docs/performance-log.md, 2026-12-05). Every system starts each
+    scenario with its dirty pages written out.
+    """
+    import psycopg
+
+    t0 = time.monotonic()
+    with psycopg.connect(admin_url, autocommit=True) as c:
+        c.execute("CHECKPOINT")
+    return round(time.monotonic() - t0, 2)
+
+
 def run_json(cmd: list[str], timeout: float, env: dict[str, str] | None = None) -> dict[str, Any]:
     log("  $ " + " ".join(cmd))
     t0 = time.time()
@@ -292,7 +309,9 @@ def main(argv: list[str] | None = None) -> int:
                                          "--dsn", main_url, "--jobs", str(a.floor_jobs), "--json"], 1800)
         for scenario in scenarios:
             log(f"scenario {scenario}: awa-fast")
+            pause = checkpoint(main_url)
             results["systems"]["awa-fast"][scenario] = run_json(awa_fast_cmd(scenario, main_url, a), 1800)
+            results["systems"]["awa-fast"][scenario]["checkpoint_s"] = pause
             for peer in peers:
                 py = pythons.get(peer)
                 if py is None:
@@ -306,8 +325,10 @@ def main(argv: list[str] | None = None) -> int:
                 except Exception as exc:  # noqa: BLE001
                     results["systems"].setdefault(peer, {})[scenario] = {"error": f"database setup: {exc}"}
                     continue
+                pause = checkpoint(main_url)
                 results["systems"].setdefault(peer, {})[scenario] = run_json(
                     peer_cmd(py, peer, scenario, peer_url, a), 1800)
+                results["systems"][peer][scenario]["checkpoint_s"] = pause
     finally:
         stack.close()
     results["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
