@@ -15,7 +15,8 @@ class PoolConnection(psycopg.Connection[Any]):
     """A connection one thread holds at a time: an App's pool's, a completion batcher's.
 
     It keeps one cursor for single enqueues. The pool hands a connection to one
-    thread at a time (from ``getconn`` to ``putconn``), so that cursor is never shared. A new cursor per call
+    thread at a time (from ``getconn`` to ``putconn``), so that cursor is never
+    shared. A new cursor per call
     (``conn.execute``) builds a new psycopg Transformer: ~14 µs of client CPU,
     a fifth of an ``App.enqueue`` (docs/performance-log.md, 2026-12-02 producers).
     A caller's own connection may be shared by threads: it never gets one.
@@ -34,6 +35,11 @@ class PoolConnection(psycopg.Connection[Any]):
             cur = self._enqueue_cur = self.cursor()
         return cur
 
+    @property
+    def idle_autocommit(self) -> bool:
+        """Whether a call here is its own transaction: autocommit and no transaction open (:meth:`run_prepared`)."""
+        return self.autocommit and self.pgconn.transaction_status == pq.TransactionStatus.IDLE
+
     def run_prepared(self, name: bytes, sql: bytes, params: Sequence[bytes | None], *,
                      text: bool = False) -> pq.abc.PGresult:
         """Run ``sql`` (``$n`` placeholders) as the prepared statement ``name``; its result, binary.
@@ -48,7 +54,7 @@ class PoolConnection(psycopg.Connection[Any]):
         (``DISCARD ALL``, ``DEALLOCATE``). A server error raises the psycopg exception the
         cursor would have raised; a lost session :class:`psycopg.OperationalError`.
         """
-        if not self.autocommit or self.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+        if not self.idle_autocommit:
             raise psycopg.ProgrammingError("run_prepared needs an idle autocommit connection")
         with self.lock:
             prepared = self._prepared_direct

@@ -139,11 +139,12 @@ def recreate_db(admin_url: str, db: str) -> None:
 def checkpoint(admin_url: str) -> float:
     """``CHECKPOINT`` before a system's run of a scenario; its seconds.
 
-    The drains and bulk loads before it leave up to ~1 GB of WAL, and a checkpoint the
-    server starts by itself lands in whichever run comes next: in the 10-producer
-    scenario, whose every job is a durable commit, that moved one system's result by up
-    to 2x between runs (docs/performance-log.md, 2026-12-05). Every system starts each
-    scenario with its dirty pages written out.
+    The drains and bulk loads before it leave much WAL, and a checkpoint the server
+    starts by itself lands in whichever run comes next. The 10-producer scenario, whose
+    every job is a durable commit, moved up to 2x between runs (2,300-5,454 jobs/s); a
+    checkpoint inside its window is one cause this rules out, not a proven one
+    (docs/performance-log.md, 2026-12-05). Every system starts each scenario with its
+    dirty pages written out.
     """
     import psycopg
 
