@@ -40,7 +40,10 @@ app = App(schema="awa_fast")
 
 @app.job("probe.ok", queue="q")
 def ok(job):
-    pathlib.Path(os.environ["AWA_PROBE_OUT"], f"{job.id}").write_text("installed")
+    # Written aside and renamed, so the test never reads a file created but not yet written.
+    out = pathlib.Path(os.environ["AWA_PROBE_OUT"])
+    (out / f".{job.id}").write_text("installed")
+    (out / f".{job.id}").rename(out / f"{job.id}")
 '''
 
 
