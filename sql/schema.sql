@@ -4,7 +4,7 @@
 -- tests/integration/test_schema_snapshot.py fails when it is out of date.
 -- Rings installed with 4 slots each; owners omitted; names in C order.
 
--- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits, 0013_rotation_ledger_truncate, 0014_job_enqueue_v2, 0015_done_receipts, 0016_claim_lane_runs, 0017_key_dlq_retry, 0018_dlq_retry_keys_joined, 0019_ready_job_index_partial, 0020_drain_server_work, 0021_claim_per_receipt_columns
+-- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits, 0013_rotation_ledger_truncate, 0014_job_enqueue_v2, 0015_done_receipts, 0016_claim_lane_runs, 0017_key_dlq_retry, 0018_dlq_retry_keys_joined, 0019_ready_job_index_partial, 0020_drain_server_work, 0021_claim_per_receipt_columns, 0022_completion_probes_per_row
 
 
 ---------------------------------------------------------------------------
@@ -3262,9 +3262,11 @@ BEGIN
     ), gone AS (
         -- receipts closed whole, or no longer there (O(receipts) probes, not O(jobs))
         SELECT r.cid FROM receipts r
+        -- (OFFSET 0: a probe per receipt, never a hashed scan of the slots)
         WHERE EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closure_batches b
-                      WHERE b.claim_slot = r.cs AND b.claim_id = r.cid)
-           OR NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claims c WHERE c.claim_slot = r.cs AND c.claim_id = r.cid)
+                      WHERE b.claim_slot = r.cs AND b.claim_id = r.cid OFFSET 0)
+           OR NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claims c WHERE c.claim_slot = r.cs AND c.claim_id = r.cid
+                          OFFSET 0)
     ), already AS (
         -- attempts of these receipts closed already (Index: lease_claim_closures primary key)
         SELECT x.job_id, x.run_lease FROM receipts r
@@ -3310,13 +3312,15 @@ BEGIN
                              p_lane_seqs, p_attempts, p_queues, p_kinds, p_with_state)
             AS u(cs, cid, j, l, rs, lane, seq, att, q, k, st)
     ), checked AS (
+        -- one probe per attempt and test (OFFSET 0: never a hashed scan of the whole slot)
         SELECT i.*, (
             EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closures x
-                    WHERE x.claim_slot = i.cs AND x.claim_id = i.cid AND x.job_id = i.j AND x.run_lease = i.l)
+                    WHERE x.claim_slot = i.cs AND x.claim_id = i.cid AND x.job_id = i.j AND x.run_lease = i.l
+                    OFFSET 0)
             OR EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closure_batches b
-                       WHERE b.claim_slot = i.cs AND b.claim_id = i.cid)
+                       WHERE b.claim_slot = i.cs AND b.claim_id = i.cid OFFSET 0)
             OR NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claims c
-                           WHERE c.claim_slot = i.cs AND c.claim_id = i.cid)) AS stale
+                           WHERE c.claim_slot = i.cs AND c.claim_id = i.cid OFFSET 0)) AS stale
         FROM input i
     ), done AS (
         INSERT INTO __SCHEMA__.done_entries (ready_slot, job_id, lane_id, lane_seq, run_lease, attempt, state,
@@ -3357,13 +3361,16 @@ BEGIN
                              p_lane_seqs, p_attempts, p_queues, p_kinds, p_with_state)
             AS u(cs, cid, j, l, rs, lane, seq, att, q, k, st)
     ), checked AS (
+        -- one probe per attempt and test in the slot's one partition (OFFSET 0: never a hashed
+        -- scan of everything the slot holds)
         SELECT i.*, (
             EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closures x
-                    WHERE x.claim_slot = v_cs AND x.claim_id = i.cid AND x.job_id = i.j AND x.run_lease = i.l)
+                    WHERE x.claim_slot = v_cs AND x.claim_id = i.cid AND x.job_id = i.j AND x.run_lease = i.l
+                    OFFSET 0)
             OR EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closure_batches b
-                       WHERE b.claim_slot = v_cs AND b.claim_id = i.cid)
+                       WHERE b.claim_slot = v_cs AND b.claim_id = i.cid OFFSET 0)
             OR NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claims c
-                           WHERE c.claim_slot = v_cs AND c.claim_id = i.cid)) AS stale
+                           WHERE c.claim_slot = v_cs AND c.claim_id = i.cid OFFSET 0)) AS stale
         FROM input i
     ), done AS (
         INSERT INTO __SCHEMA__.done_entries (ready_slot, job_id, lane_id, lane_seq, run_lease, attempt, state,
@@ -3422,10 +3429,11 @@ BEGIN
     UNION ALL
     SELECT r.cid, NULL::bigint, NULL::int
     FROM unnest(p_claim_slots, p_claim_ids) AS r(cs, cid)
+    -- one primary-key probe per receipt and test (OFFSET 0: never a hashed scan of the slots)
     WHERE EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closure_batches b
-                  WHERE b.claim_slot = r.cs AND b.claim_id = r.cid)
+                  WHERE b.claim_slot = r.cs AND b.claim_id = r.cid OFFSET 0)
        OR NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claims c
-                      WHERE c.claim_slot = r.cs AND c.claim_id = r.cid);
+                      WHERE c.claim_slot = r.cs AND c.claim_id = r.cid OFFSET 0);
 END $function$;
 
 CREATE OR REPLACE FUNCTION __SCHEMA__.receipt_rescue_stale(p_limit integer)

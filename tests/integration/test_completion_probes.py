@@ -1,0 +1,115 @@
+"""The quiet completion reads a few index entries per attempt, however full its claim slot is (0022).
+
+receipt_complete_rows_v2 tests each attempt for staleness with three EXISTS probes
+(its closure, a whole-receipt closure, its receipt). Planned as hashed subplans, those
+probes read every closure and every receipt of the claim slot once per call, so a
+completion's cost grew with everything claimed since the ring rotated into the slot.
+These tests fill a claim slot, let the planner see it (VACUUM ANALYZE, a new backend),
+complete one more job and count the rows and index entries the call read in the claim ring.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import psycopg
+import pytest
+
+from tests.fixtures.database import connect, sqlx
+from tests.integration.storage_helpers import claim, counts, enqueue
+
+pytestmark = pytest.mark.integration
+
+Q = "q"
+FILL = 300
+
+
+def _claim_ring_reads(conn: psycopg.Connection, schema: str) -> dict[str, int]:
+    """Rows and index entries this transaction's scans read in the claim ring's children.
+
+    Per relation: a table's count is the rows its sequential scans returned, an index's the
+    entries its scans returned (pg_stat_get_xact_tuples_returned).
+    """
+    rows = sqlx(conn, schema, """
+        SELECT r.relname, pg_stat_get_xact_tuples_returned(r.oid)
+        FROM pg_class r JOIN pg_namespace n ON n.oid = r.relnamespace
+        LEFT JOIN pg_index x ON x.indexrelid = r.oid
+        JOIN pg_class t ON t.oid = COALESCE(x.indrelid, r.oid)
+        WHERE n.nspname = %s AND t.relkind = 'r'
+          AND t.relname ~ '^(lease_claims|lease_claim_closures|lease_claim_closure_batches)_[0-9]+$'""",
+                (schema,)).fetchall()
+    return {name: int(n) for name, n in rows if n}
+
+
+def _filled_slot(pg_dsn: str, schema: str, storage, conn) -> list:  # noqa: ANN001
+    """FILL receipts of one job each, all completed, in claim slot 0; one more claimed and open."""
+    for _ in range(FILL + 1):
+        enqueue(schema, conn, Q)
+    snaps = [claim(storage, conn, Q, 1)[0] for _ in range(FILL + 1)]
+    assert {s.claim_slot for s in snaps} == {0} and len({s.claim_id for s in snaps}) == FILL + 1
+    for s in snaps[:FILL]:
+        assert storage.receipt_complete_rows(conn, [s]) == []
+    with connect(pg_dsn, schema) as admin:  # the planner of the next backend sees a full slot
+        sqlx(admin, schema, "VACUUM ANALYZE __SCHEMA__.lease_claims_0, __SCHEMA__.lease_claim_closures_0, "
+                            "__SCHEMA__.lease_claim_closure_batches_0")
+    return snaps
+
+
+@pytest.mark.parametrize("several_slots", [False, True], ids=["one slot (v2)", "across slots (v1)"])
+def test_a_completion_reads_a_few_entries_not_the_whole_slot(pg_dsn, schema, storage, conn, several_slots):
+    snaps = _filled_slot(pg_dsn, schema, storage, conn)
+    last = snaps[-1]
+    batch = [last]
+    if several_slots:
+        # a batch across a claim-ring rotation goes the version-1 way
+        assert storage.ring_rotate(conn, "claim") == 1
+        enqueue(schema, conn, Q)
+        [other] = claim(storage, conn, Q, 1)
+        assert other.claim_slot == 1
+        batch = [last, other]
+    with connect(pg_dsn, schema, autocommit=False, tag="batcher") as b:
+        assert storage.receipt_complete_rows(b, batch) == []
+        reads = _claim_ring_reads(b, schema)
+        b.commit()
+    # a probe per attempt and test: a handful of entries, not the FILL closures and receipts of slot 0
+    assert sum(reads.values()) <= 4 * len(batch), reads
+    assert counts(storage, conn, Q) == {"completed": FILL + len(batch)}
+
+
+def _copy_whole(storage, b, snap):  # noqa: ANN001, ANN202
+    return storage.receipt_complete(b, [snap], {(snap.claim_slot, snap.claim_id)}, ())
+
+
+def _copy_part(storage, b, snap):  # noqa: ANN001, ANN202
+    return storage.receipt_complete(b, [snap], set(), ())
+
+
+def _with_result(storage, b, snap):  # noqa: ANN001, ANN202
+    return storage.receipt_complete_results(b, [(snap, False, b'{"ok": 1}')], set())
+
+
+@pytest.mark.parametrize("path", [_copy_whole, _copy_part, _with_result],
+                         ids=["COPY, whole receipt", "COPY, part of a receipt", "with a result"])
+def test_the_copy_completions_guard_probes_per_receipt(pg_dsn, schema, storage, conn, path):
+    """receipt_guard (the COPY completion's receipt test) and receipt_complete_results' gone test."""
+    snaps = _filled_slot(pg_dsn, schema, storage, conn)
+    with connect(pg_dsn, schema, autocommit=False, tag="batcher") as b:
+        assert path(storage, b, snaps[-1]) == []
+        reads = _claim_ring_reads(b, schema)
+        b.commit()
+    assert sum(reads.values()) <= 4, reads
+    assert counts(storage, conn, Q) == {"completed": FILL + 1}
+
+
+def test_a_stale_attempt_is_still_found_by_the_probes(pg_dsn, schema, storage, conn):
+    snaps = _filled_slot(pg_dsn, schema, storage, conn)
+    done, last = snaps[0], snaps[-1]
+    # already closed (its closure), and a receipt that is not there: both stale; the open one completes
+    ghost = msgspec.structs.replace(last, claim_id=10 ** 12)
+    with connect(pg_dsn, schema) as b:
+        assert storage.receipt_complete_rows(b, [done, last, ghost]) == sorted(
+            [(done.job_id, done.run_lease), (ghost.job_id, ghost.run_lease)])
+    with connect(pg_dsn, schema, autocommit=False) as b:
+        assert sorted(storage.receipt_complete(b, [done, ghost], set(), ())) == sorted(
+            [(done.job_id, done.run_lease), (ghost.job_id, ghost.run_lease)])
+        b.commit()
+    assert counts(storage, conn, Q) == {"completed": FILL + 1}
