@@ -4,7 +4,7 @@
 -- tests/integration/test_schema_snapshot.py fails when it is out of date.
 -- Rings installed with 4 slots each; owners omitted; names in C order.
 
--- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits, 0013_rotation_ledger_truncate, 0014_job_enqueue_v2, 0015_done_receipts, 0016_claim_lane_runs, 0017_key_dlq_retry, 0018_dlq_retry_keys_joined, 0019_ready_job_index_partial, 0020_drain_server_work, 0021_claim_per_receipt_columns, 0022_completion_probes_per_row
+-- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits, 0013_rotation_ledger_truncate, 0014_job_enqueue_v2, 0015_done_receipts, 0016_claim_lane_runs, 0017_key_dlq_retry, 0018_dlq_retry_keys_joined, 0019_ready_job_index_partial, 0020_drain_server_work, 0021_claim_per_receipt_columns, 0022_completion_probes_per_row, 0023_cursor_advance_index_probe
 
 
 ---------------------------------------------------------------------------
@@ -2726,11 +2726,13 @@ BEGIN
     -- Receipts of this very transaction are not committed evidence: a
     -- rollback would undo them but not the setval. They still move the
     -- position this transaction claims from (returned), never the sequence.
+    -- Index: lease_claims_lane (lane_id, last_seq); the upper bound holds for
+    -- every row and only makes the planner see a range (see the header).
     SELECT max(c.last_seq) FILTER (WHERE c.xmin IS DISTINCT FROM pg_current_xact_id_if_assigned()::xid),
            max(c.last_seq)
     INTO v_rec, v_own
     FROM __SCHEMA__.lease_claims c
-    WHERE c.lane_id = p_lane AND c.last_seq > v_cur;
+    WHERE c.lane_id = p_lane AND c.last_seq > v_cur AND c.last_seq <= 9223372036854775807;
     IF v_rec IS NOT NULL THEN
         PERFORM setval(p_claim_seq, v_rec, true);
         v_cur := v_rec;

@@ -1,4 +1,4 @@
-"""The quiet completion reads a few index entries per attempt, however full its claim slot is (0022).
+"""Completions and claims read a few index entries, however full the claim slot is (0022, 0023).
 
 receipt_complete_rows_v2 tests each attempt for staleness with three EXISTS probes
 (its closure, a whole-receipt closure, its receipt). Planned as hashed subplans, those
@@ -6,6 +6,8 @@ probes read every closure and every receipt of the claim slot once per call, so 
 completion's cost grew with everything claimed since the ring rotated into the slot.
 These tests fill a claim slot, let the planner see it (VACUUM ANALYZE, a new backend),
 complete one more job and count the rows and index entries the call read in the claim ring.
+The claim's lookup of a lane's receipts past its cursor (lane_cursor_advance) had the
+same shape: a sequential scan of the current claim slot once its statistics showed one lane.
 """
 
 from __future__ import annotations
@@ -113,3 +115,17 @@ def test_a_stale_attempt_is_still_found_by_the_probes(pg_dsn, schema, storage, c
             [(done.job_id, done.run_lease), (ghost.job_id, ghost.run_lease)])
         b.commit()
     assert counts(storage, conn, Q) == {"completed": FILL + 1}
+
+
+def test_a_claim_reads_the_receipts_past_its_cursor_not_the_whole_slot(pg_dsn, schema, storage, conn):
+    snaps = _filled_slot(pg_dsn, schema, storage, conn)
+    assert storage.receipt_complete_rows(conn, [snaps[-1]]) == []
+    job = enqueue(schema, conn, Q)
+    with connect(pg_dsn, schema, autocommit=False, tag="claimer") as b:
+        [snap] = storage.lane_claim(b, Q, 64)
+        reads = _claim_ring_reads(b, schema)
+        b.commit()
+    assert snap.job_id == job
+    # the lane's receipts past its cursor (none) in each partition's (lane_id, last_seq) index,
+    # not the FILL receipts of slot 0
+    assert sum(reads.values()) <= 4, reads
