@@ -65,14 +65,16 @@ SELECT s, c, 1 FROM unnest(%s::int[], %s::bigint[]) AS u(s, c)
 -- name: receipt_done_compact
 -- Compact done rows (0015): one per receipt of the flush, naming the attempts of it this flush completes
 -- (per-attempt arrays: claim_slot, claim_id, job_id, run_lease); slot, lane and range from the receipt
--- (lease_claims primary key, locked by receipt_guard), queue from queue_lanes primary key. Returns how many
+-- (lease_claims primary key, locked by receipt_guard; one probe per receipt: LATERAL with LIMIT 1, never a
+-- hash join over every receipt of the ring), queue from queue_lanes primary key. Returns how many
 -- attempts each row completes (the caller checks the sum).
 INSERT INTO __SCHEMA__.done_receipts (ready_slot, lane_id, claim_id, first_seq, last_seq, queue, job_ids, run_leases)
 SELECT c.ready_slot, c.lane_id, c.claim_id, c.first_seq, c.last_seq, ql.queue, g.js, g.ls
 FROM (SELECT u.s, u.c, array_agg(u.j ORDER BY u.o) AS js, array_agg(u.l ORDER BY u.o) AS ls
       FROM unnest(%s::int[], %s::bigint[], %s::bigint[], %s::int[]) WITH ORDINALITY AS u(s, c, j, l, o)
       GROUP BY u.s, u.c) g
-JOIN __SCHEMA__.lease_claims c ON c.claim_slot = g.s AND c.claim_id = g.c
+CROSS JOIN LATERAL (SELECT x.ready_slot, x.lane_id, x.claim_id, x.first_seq, x.last_seq
+                    FROM __SCHEMA__.lease_claims x WHERE x.claim_slot = g.s AND x.claim_id = g.c LIMIT 1) c
 JOIN __SCHEMA__.queue_lanes ql ON ql.lane_id = c.lane_id
 RETURNING cardinality(job_ids)
 

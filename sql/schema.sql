@@ -4,7 +4,7 @@
 -- tests/integration/test_schema_snapshot.py fails when it is out of date.
 -- Rings installed with 4 slots each; owners omitted; names in C order.
 
--- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits, 0013_rotation_ledger_truncate, 0014_job_enqueue_v2, 0015_done_receipts, 0016_claim_lane_runs, 0017_key_dlq_retry, 0018_dlq_retry_keys_joined, 0019_ready_job_index_partial, 0020_drain_server_work, 0021_claim_per_receipt_columns, 0022_completion_probes_per_row, 0023_cursor_advance_index_probe
+-- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits, 0013_rotation_ledger_truncate, 0014_job_enqueue_v2, 0015_done_receipts, 0016_claim_lane_runs, 0017_key_dlq_retry, 0018_dlq_retry_keys_joined, 0019_ready_job_index_partial, 0020_drain_server_work, 0021_claim_per_receipt_columns, 0022_completion_probes_per_row, 0023_cursor_advance_index_probe, 0024_claim_limit_before_join
 
 
 ---------------------------------------------------------------------------
@@ -1074,7 +1074,8 @@ BEGIN
                 -- the effective cursor: the claim cursor lags one claim behind
                 -- its own receipts (Index: lease_claims_lane)
                 SELECT greatest(q0.seq_cur, (SELECT max(c.last_seq) FROM __SCHEMA__.lease_claims c
-                                             WHERE c.lane_id = h.lane_id AND c.last_seq > q0.seq_cur)) AS cur,
+                                             WHERE c.lane_id = h.lane_id AND c.last_seq > q0.seq_cur
+                                               AND c.last_seq <= 9223372036854775807)) AS cur,
                        q0.head) q
             LEFT JOIN LATERAL (
                 -- age of the lane head: its oldest unclaimed segment
@@ -1121,13 +1122,17 @@ BEGIN
             -- The receipt first, from the narrow columns of the rows it takes
             -- (Index: ready_entries primary key (ready_slot, lane_id, lane_seq)).
             WITH picked AS MATERIALIZED (
+                -- the first v_left rows past the position, from at most v_left numbers (a primary-key
+                -- range from v_first, the first number there is: no plan reads or sorts the lane's
+                -- whole backlog), then the tombstones (0024)
                 SELECT r.lane_seq, r.job_id, r.lease_base, (t.lane_seq IS NOT NULL) AS tomb
-                FROM __SCHEMA__.ready_entries r
+                FROM (SELECT e.lane_seq, e.job_id, e.lease_base FROM __SCHEMA__.ready_entries e
+                      WHERE e.ready_slot = v_slot AND e.lane_id = v_lid AND e.lane_seq > v_cur
+                        AND e.lane_seq <= least(v_bound, v_first + v_left - 1)
+                      ORDER BY e.lane_seq
+                      LIMIT v_left) r
                 LEFT JOIN __SCHEMA__.ready_tombstones t
-                    ON t.ready_slot = r.ready_slot AND t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq
-                WHERE r.ready_slot = v_slot AND r.lane_id = v_lid AND r.lane_seq > v_cur AND r.lane_seq <= v_bound
-                ORDER BY r.lane_seq
-                LIMIT v_left
+                    ON t.ready_slot = v_slot AND t.lane_id = v_lid AND t.lane_seq = r.lane_seq
             )
             INSERT INTO __SCHEMA__.lease_claims (claim_slot, claim_id, lane_id, ready_slot, first_seq,
                 last_seq, job_ids, run_leases, lane_seqs, deadline_at)
@@ -1282,7 +1287,8 @@ BEGIN
                 -- the effective cursor: the claim cursor lags one claim behind
                 -- its own receipts (Index: lease_claims_lane)
                 SELECT greatest(q0.seq_cur, (SELECT max(c.last_seq) FROM __SCHEMA__.lease_claims c
-                                             WHERE c.lane_id = h.lane_id AND c.last_seq > q0.seq_cur)) AS cur,
+                                             WHERE c.lane_id = h.lane_id AND c.last_seq > q0.seq_cur
+                                               AND c.last_seq <= 9223372036854775807)) AS cur,
                        q0.head) q
             LEFT JOIN LATERAL (
                 -- age of the lane head: its oldest unclaimed segment
@@ -1329,13 +1335,17 @@ BEGIN
             -- The receipt first, from the narrow columns of the rows it takes
             -- (Index: ready_entries primary key (ready_slot, lane_id, lane_seq)).
             WITH picked AS MATERIALIZED (
+                -- the first v_left rows past the position, from at most v_left numbers (a primary-key
+                -- range from v_first, the first number there is: no plan reads or sorts the lane's
+                -- whole backlog), then the tombstones (0024)
                 SELECT r.lane_seq, r.job_id, r.lease_base, (t.lane_seq IS NOT NULL) AS tomb
-                FROM __SCHEMA__.ready_entries r
+                FROM (SELECT e.lane_seq, e.job_id, e.lease_base FROM __SCHEMA__.ready_entries e
+                      WHERE e.ready_slot = v_slot AND e.lane_id = v_lid AND e.lane_seq > v_cur
+                        AND e.lane_seq <= least(v_bound, v_first + v_left - 1)
+                      ORDER BY e.lane_seq
+                      LIMIT v_left) r
                 LEFT JOIN __SCHEMA__.ready_tombstones t
-                    ON t.ready_slot = r.ready_slot AND t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq
-                WHERE r.ready_slot = v_slot AND r.lane_id = v_lid AND r.lane_seq > v_cur AND r.lane_seq <= v_bound
-                ORDER BY r.lane_seq
-                LIMIT v_left
+                    ON t.ready_slot = v_slot AND t.lane_id = v_lid AND t.lane_seq = r.lane_seq
             )
             INSERT INTO __SCHEMA__.lease_claims (claim_slot, claim_id, lane_id, ready_slot, first_seq,
                 last_seq, job_ids, run_leases, lane_seqs, deadline_at)
@@ -3271,8 +3281,10 @@ BEGIN
                           OFFSET 0)
     ), already AS (
         -- attempts of these receipts closed already (Index: lease_claim_closures primary key)
+        -- (LATERAL, OFFSET 0: one range per receipt, never a hash join over every closure, 0024)
         SELECT x.job_id, x.run_lease FROM receipts r
-        JOIN __SCHEMA__.lease_claim_closures x ON x.claim_slot = r.cs AND x.claim_id = r.cid
+        CROSS JOIN LATERAL (SELECT y.job_id, y.run_lease FROM __SCHEMA__.lease_claim_closures y
+                            WHERE y.claim_slot = r.cs AND y.claim_id = r.cid OFFSET 0) x
     ), leased AS (
         -- lease-backed attempts (parked for a callback earlier): guarded by their lease row
         DELETE FROM __SCHEMA__.leases x USING input i
@@ -3425,9 +3437,12 @@ BEGIN
     PERFORM pg_advisory_xact_lock(__SCHEMA__.lock_key('claim'), (x.cid % 2147483647)::int)
     FROM (SELECT DISTINCT cid FROM unnest(p_claim_ids) AS cid ORDER BY cid) x;
     RETURN QUERY
+    -- the closures of each receipt, one primary-key range per receipt (LATERAL, OFFSET 0: never a
+    -- hash join over every closure of the ring, 0024)
     SELECT r.cid, x.job_id, x.run_lease
     FROM unnest(p_claim_slots, p_claim_ids) AS r(cs, cid)
-    JOIN __SCHEMA__.lease_claim_closures x ON x.claim_slot = r.cs AND x.claim_id = r.cid
+    CROSS JOIN LATERAL (SELECT y.job_id, y.run_lease FROM __SCHEMA__.lease_claim_closures y
+                        WHERE y.claim_slot = r.cs AND y.claim_id = r.cid OFFSET 0) x
     UNION ALL
     SELECT r.cid, NULL::bigint, NULL::int
     FROM unnest(p_claim_slots, p_claim_ids) AS r(cs, cid)

@@ -129,3 +129,49 @@ def test_a_claim_reads_the_receipts_past_its_cursor_not_the_whole_slot(pg_dsn, s
     # the lane's receipts past its cursor (none) in each partition's (lane_id, last_seq) index,
     # not the FILL receipts of slot 0
     assert sum(reads.values()) <= 4, reads
+
+
+def _ring_reads(conn: psycopg.Connection, schema: str) -> dict[str, int]:
+    """As :func:`_claim_ring_reads`, over every ring child: the ready ring's as well."""
+    rows = sqlx(conn, schema, """
+        SELECT r.relname, pg_stat_get_xact_tuples_returned(r.oid)
+        FROM pg_class r JOIN pg_namespace n ON n.oid = r.relnamespace
+        LEFT JOIN pg_index x ON x.indexrelid = r.oid
+        JOIN pg_class t ON t.oid = COALESCE(x.indrelid, r.oid)
+        WHERE n.nspname = %s AND t.relkind = 'r' AND t.relname ~ '_[0-9]+$'""", (schema,)).fetchall()
+    return {name: int(n) for name, n in rows if n}
+
+
+def test_a_claim_from_a_deep_lane_reads_the_rows_it_takes(pg_dsn, schema, storage, conn):
+    """Four lanes, 150 jobs each done, then a backlog of 100 per lane, all analyzed (0024)."""
+    storage.queue_configure(conn, Q, enqueue_shards=4)
+    producers = [connect(pg_dsn, schema, tag=f"producer{i}") for i in range(4)]
+    try:
+        for _ in range(150):
+            for p in producers:
+                enqueue(schema, p, Q)
+        while snaps := claim(storage, conn, Q, 3):
+            assert storage.receipt_complete_rows(conn, snaps) == []
+        for _ in range(100):
+            for p in producers:
+                enqueue(schema, p, Q)
+    finally:
+        for p in producers:
+            p.close()
+    assert len({lane for (lane,) in sqlx(conn, schema, "SELECT DISTINCT lane_id FROM __SCHEMA__.ready_entries")}) == 4
+    with connect(pg_dsn, schema) as admin:
+        sqlx(admin, schema, "ANALYZE")
+    with connect(pg_dsn, schema, autocommit=False, tag="claimer") as b:
+        taken = storage.lane_claim(b, Q, 8)
+        claim_reads = _ring_reads(b, schema)
+        b.commit()
+    assert len(taken) == 8
+    with connect(pg_dsn, schema, autocommit=False, tag="batcher") as b:
+        assert storage.receipt_complete(b, taken, set(), ()) == []
+        complete_reads = _ring_reads(b, schema)
+        b.commit()
+    # the rows it takes (twice: the receipt, then the rows themselves) and a few index probes; not a
+    # lane's 100 backlog rows, nor the 600 receipts and closures of the claim slot
+    assert sum(claim_reads.values()) <= 3 * len(taken) + 16, claim_reads
+    assert sum(complete_reads.values()) <= 4 * len(taken), complete_reads
+    assert counts(storage, conn, Q) == {"completed": 600 + 8, "available": 400 - 8}
