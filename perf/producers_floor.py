@@ -6,10 +6,12 @@ time window (no workers run, as in ``awa-fast bench concurrent-insert``):
 
 * ``plain``: a prepared one-row ``INSERT`` into a plain table (``<schema>_floor.commits``);
   the floor: what a durable commit per call costs here, client and server;
-* ``v2``: ``SELECT job_enqueue_v2(...)`` prepared through psycopg, the statement
+* ``v3``: ``SELECT job_enqueue_v3(...)`` prepared through psycopg, the statement
   ``Storage.job_enqueue`` sends, with the arguments ``App.enqueue`` builds, no App layer;
-* ``fn:NAME``: as ``v2``, calling the schema's function NAME instead (an experiment
-  created by hand with ``job_enqueue_v2``'s signature);
+* ``v2``: the same statement calling ``job_enqueue_v2`` (migration 0014, the previous
+  runtime's single enqueue: its NOTIFY decision probes the claim ring's receipts);
+* ``fn:NAME``: the same statement calling the schema's function NAME instead (an experiment
+  created by hand with ``job_enqueue_v3``'s signature);
 * ``app``: ``App.enqueue`` exactly as the bench's producers call it (pool, checks,
   encoding, ``Storage.job_enqueue``).
 
@@ -21,7 +23,7 @@ the server's statement count and mean execution time (``pg_stat_statements``, wh
 it is loaded), the backends' state sampled every 10 ms (``pg_stat_activity``:
 idle waiting for the client, on CPU, or the wait event), and the box's busy CPU.
 
-    python perf/producers_floor.py --home /tmp/NAME-pg --schema bench_NAME [--arms plain,v2,app]
+    python perf/producers_floor.py --home /tmp/NAME-pg --schema bench_NAME [--arms plain,v2,v3,app]
         [--processes 10] [--seconds 10] [--rounds 1] [--json] [--save]
 
 ``--home`` is an embedded server (started if needed; with ``--stat-statements`` it
@@ -50,7 +52,7 @@ import psycopg
 
 KIND = "bench.noop"
 QUEUE = "bench"
-ARMS = ("plain", "v2", "app")
+ARMS = ("plain", "v2", "v3", "app")
 WARM_CALLS = 50
 _CLK = os.sysconf("SC_CLK_TCK")
 
@@ -115,14 +117,15 @@ def _caller(arm: str, dsn: str, schema: str) -> tuple[Any, Any, Any]:
     from awa_fast.storage.types import RawJson
 
     q = Storage(schema).q["job_enqueue"]
-    if arm.startswith("fn:"):  # an experiment: another function of job_enqueue_v2's signature
-        q = q.replace(".job_enqueue_v2(", "." + arm[3:] + "(")
+    function = {"v2": "job_enqueue_v2", "v3": "job_enqueue_v3"}.get(arm) or arm.removeprefix("fn:")
+    assert ".job_enqueue_v3(" in q, "Storage's single enqueue is no longer job_enqueue_v3: update the arms"
+    q = q.replace(".job_enqueue_v3(", "." + function + "(")  # v2, or an experiment of the same signature
     params = (QUEUE, PRIORITY_DEFAULT, KIND, RawJson(b'{"n":0}'), None, 25, None)
 
-    def call_v2() -> None:
+    def call_function() -> None:
         conn.execute(q, params, prepare=True).fetchone()
 
-    return call_v2, pid, conn.close
+    return call_function, pid, conn.close
 
 
 def producer(arm: str, dsn: str, schema: str, window: Any, out: Any, ready: Any) -> None:

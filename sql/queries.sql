@@ -5,12 +5,13 @@
 
 -- name: job_enqueue
 -- Enqueue one job in the caller's transaction: one function frame for the lane lock, the ready row,
--- its segment and the NOTIFY decision (job_enqueue_v2, 0014; job_enqueue stays for the previous runtime).
-SELECT __SCHEMA__.job_enqueue_v2(%s::text, %s::int, %s::text, %s::jsonb, %s::jsonb, %s::int, %s::timestamptz)
+-- its segment and the NOTIFY decision from the lane's cursor and receipt mark (job_enqueue_v3, 0025;
+-- job_enqueue_v2 and job_enqueue stay for the previous runtimes).
+SELECT __SCHEMA__.job_enqueue_v3(%s::text, %s::int, %s::text, %s::jsonb, %s::jsonb, %s::int, %s::timestamptz)
 
 -- name: job_enqueue_in
--- Enqueue one job to run after a delay in seconds, measured by the database clock (job_enqueue_v2).
-SELECT __SCHEMA__.job_enqueue_v2(%s::text, %s::int, %s::text, %s::jsonb, %s::jsonb, %s::int, now() + make_interval(secs => %s::float8))
+-- Enqueue one job to run after a delay in seconds, measured by the database clock (job_enqueue_v3).
+SELECT __SCHEMA__.job_enqueue_v3(%s::text, %s::int, %s::text, %s::jsonb, %s::jsonb, %s::int, now() + make_interval(secs => %s::float8))
 
 -- name: job_enqueue_many
 -- Enqueue many jobs of one kind with one lane range (one statement).

@@ -4,7 +4,7 @@
 -- tests/integration/test_schema_snapshot.py fails when it is out of date.
 -- Rings installed with 4 slots each; owners omitted; names in C order.
 
--- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits, 0013_rotation_ledger_truncate, 0014_job_enqueue_v2, 0015_done_receipts, 0016_claim_lane_runs, 0017_key_dlq_retry, 0018_dlq_retry_keys_joined, 0019_ready_job_index_partial, 0020_drain_server_work, 0021_claim_per_receipt_columns, 0022_completion_probes_per_row, 0023_cursor_advance_index_probe, 0024_claim_limit_before_join
+-- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits, 0013_rotation_ledger_truncate, 0014_job_enqueue_v2, 0015_done_receipts, 0016_claim_lane_runs, 0017_key_dlq_retry, 0018_dlq_retry_keys_joined, 0019_ready_job_index_partial, 0020_drain_server_work, 0021_claim_per_receipt_columns, 0022_completion_probes_per_row, 0023_cursor_advance_index_probe, 0024_claim_limit_before_join, 0025_receipt_marks
 
 
 ---------------------------------------------------------------------------
@@ -273,6 +273,7 @@ CREATE TABLE __SCHEMA__.queue_claim_heads (
     priority smallint NOT NULL,
     shard smallint NOT NULL,
     claim_seq regclass NOT NULL,
+    receipt_seq regclass NOT NULL,
     CONSTRAINT queue_claim_heads_pkey PRIMARY KEY (lane_id),
     CONSTRAINT queue_claim_heads_lane_id_fkey FOREIGN KEY (lane_id) REFERENCES __SCHEMA__.queue_lanes(lane_id)
 );
@@ -1030,6 +1031,8 @@ DECLARE
     v_seg_last bigint;
     v_bound bigint;
     v_seqs bigint[];
+    v_rseq regclass;
+    v_from bigint;
 BEGIN
     SELECT * INTO v_meta FROM __SCHEMA__.queue_meta m WHERE m.queue = p_queue;
     IF NOT FOUND THEN
@@ -1100,12 +1103,15 @@ BEGIN
             v_done_curs := v_done_curs || v_curs[i];
             CONTINUE;
         END IF;
-        PERFORM 1 FROM __SCHEMA__.queue_claim_heads h WHERE h.lane_id = v_lid FOR UPDATE SKIP LOCKED;
+        -- the lane head, and the lane's receipt mark (0025)
+        SELECT h.receipt_seq INTO v_rseq FROM __SCHEMA__.queue_claim_heads h
+        WHERE h.lane_id = v_lid FOR UPDATE SKIP LOCKED;
         IF NOT FOUND THEN
             v_skipped := true;  -- another claimer holds this lane head right now
             CONTINUE;
         END IF;
         v_cur := __SCHEMA__.lane_cursor_advance(v_lid, v_cseq);
+        v_from := v_cur;
         v_bound := 9223372036854775807;
         LOOP
             -- nothing reserved past the position: no segment to look up
@@ -1184,6 +1190,11 @@ BEGIN
             v_cur := v_last;
             v_left := v_left - v_n;
         END LOOP;
+        IF v_cur > v_from THEN
+            -- receipts up to v_cur, committed or not: the lane's receipt mark, which the
+            -- single enqueue's NOTIFY decision reads (job_enqueue_v3, 0025); a hint only
+            PERFORM setval(v_rseq, v_cur, true);
+        END IF;
         v_done_lids := v_done_lids || v_lid;
         v_done_curs := v_done_curs || v_cur;
     END LOOP;
@@ -1243,6 +1254,8 @@ DECLARE
     v_seg_last bigint;
     v_bound bigint;
     v_seqs bigint[];
+    v_rseq regclass;
+    v_from bigint;
 BEGIN
     SELECT * INTO v_meta FROM __SCHEMA__.queue_meta m WHERE m.queue = p_queue;
     IF NOT FOUND THEN
@@ -1313,12 +1326,15 @@ BEGIN
             v_done_curs := v_done_curs || v_curs[i];
             CONTINUE;
         END IF;
-        PERFORM 1 FROM __SCHEMA__.queue_claim_heads h WHERE h.lane_id = v_lid FOR UPDATE SKIP LOCKED;
+        -- the lane head, and the lane's receipt mark (0025)
+        SELECT h.receipt_seq INTO v_rseq FROM __SCHEMA__.queue_claim_heads h
+        WHERE h.lane_id = v_lid FOR UPDATE SKIP LOCKED;
         IF NOT FOUND THEN
             v_skipped := true;  -- another claimer holds this lane head right now
             CONTINUE;
         END IF;
         v_cur := __SCHEMA__.lane_cursor_advance(v_lid, v_cseq);
+        v_from := v_cur;
         v_bound := 9223372036854775807;
         LOOP
             -- nothing reserved past the position: no segment to look up
@@ -1411,6 +1427,11 @@ BEGIN
             v_cur := v_last;
             v_left := v_left - v_n;
         END LOOP;
+        IF v_cur > v_from THEN
+            -- receipts up to v_cur, committed or not: the lane's receipt mark, which the
+            -- single enqueue's NOTIFY decision reads (job_enqueue_v3, 0025); a hint only
+            PERFORM setval(v_rseq, v_cur, true);
+        END IF;
         v_done_lids := v_done_lids || v_lid;
         v_done_curs := v_done_curs || v_cur;
     END LOOP;
@@ -2006,6 +2027,73 @@ BEGIN
         WHERE c.lane_id = v_lane AND c.last_seq > v_claimed;
         v_claimed := greatest(v_claimed, v_receipt);
     END IF;
+    IF v_first - 1 - v_claimed < 64 THEN
+        PERFORM pg_notify(__SCHEMA__.notify_channel(), p_queue);
+    END IF;
+    RETURN v_job;
+END $function$;
+
+CREATE OR REPLACE FUNCTION __SCHEMA__.job_enqueue_v3(p_queue text, p_priority integer, p_kind text, p_args jsonb, p_metadata jsonb, p_max_attempts integer, p_run_at timestamp with time zone)
+ RETURNS bigint
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+AS $function$
+DECLARE
+    v_lane int;
+    v_seq regclass;
+    v_claim_seq regclass;
+    v_mark_seq regclass;
+    v_slot int;
+    v_first bigint;
+    v_claimed bigint;
+    v_job bigint;
+BEGIN
+    IF p_run_at IS NOT NULL AND p_run_at > now() THEN
+        v_job := nextval('__SCHEMA__.job_id_seq');
+        PERFORM __SCHEMA__.queue_ensure_nowait(p_queue);
+        INSERT INTO __SCHEMA__.deferred_jobs (job_id, queue, priority, kind, args, metadata, attempt,
+            max_attempts, lease_base, state, run_at, created_at)
+        VALUES (v_job, p_queue, p_priority, p_kind, p_args, p_metadata, 0, p_max_attempts, 0, 1, p_run_at, now());
+        RETURN v_job;
+    END IF;
+    -- The preferred lane and the current ready slot, in one statement.
+    -- Index: queue_enqueue_heads (queue, priority, shard) unique; queue_claim_heads primary key.
+    SELECT h.lane_id, h.enqueue_seq, c.claim_seq, c.receipt_seq,
+           (SELECT r.slot FROM __SCHEMA__.ring_rotations r
+            WHERE r.ring = 'ready' ORDER BY r.generation DESC LIMIT 1)
+    INTO v_lane, v_seq, v_claim_seq, v_mark_seq, v_slot
+    FROM __SCHEMA__.queue_meta m
+    JOIN __SCHEMA__.queue_enqueue_heads h
+      ON h.queue = m.queue AND h.priority = p_priority AND h.shard = abs(pg_backend_pid()) % m.enqueue_shards
+    JOIN __SCHEMA__.queue_claim_heads c ON c.lane_id = h.lane_id
+    WHERE m.queue = p_queue;
+    IF NOT FOUND OR NOT pg_try_advisory_xact_lock(__SCHEMA__.lock_key('lane'), v_lane) THEN
+        -- No such lane yet, or another producer holds it: the shard search
+        -- of version 1 (creates lanes, waits only when every shard is busy).
+        SELECT l.lane_id, l.enqueue_seq INTO v_lane, v_seq
+        FROM __SCHEMA__.lane_lock_for_enqueue(p_queue, p_priority, pg_backend_pid()) l;
+        SELECT c.claim_seq, c.receipt_seq INTO STRICT v_claim_seq, v_mark_seq
+        FROM __SCHEMA__.queue_claim_heads c WHERE c.lane_id = v_lane;
+        v_slot := (SELECT r.slot FROM __SCHEMA__.ring_rotations r
+                   WHERE r.ring = 'ready' ORDER BY r.generation DESC LIMIT 1);
+    END IF;
+    -- Under the lane lock: the number before v_first is the lane's last
+    -- reserved number (increment 1; nobody else can reserve in this lane).
+    v_first := nextval(v_seq);
+    v_job := (v_lane::bigint << 40) | v_first;
+    WITH seg AS (
+        INSERT INTO __SCHEMA__.ready_segments (ready_slot, lane_id, first_seq, last_seq)
+        VALUES (v_slot, v_lane, v_first, v_first)
+    )
+    INSERT INTO __SCHEMA__.ready_entries (ready_slot, lane_id, lane_seq, job_id, kind, args, metadata,
+        attempt, max_attempts, lease_base)
+    VALUES (v_slot, v_lane, v_first, v_job, p_kind, p_args, p_metadata, 0, p_max_attempts, 0);
+    -- The NOTIFY decision: wake claimers unless the lane already had 64 rows
+    -- or more past its receipt mark (0025: at least the last number of every
+    -- committed receipt, so this wakes whenever the probe of 0004 did) and
+    -- past its claim cursor (which also moves over tombstoned rows).
+    v_claimed := greatest(COALESCE(pg_sequence_last_value(v_claim_seq), 0),
+                          COALESCE(pg_sequence_last_value(v_mark_seq), 0));
     IF v_first - 1 - v_claimed < 64 THEN
         PERFORM pg_notify(__SCHEMA__.notify_channel(), p_queue);
     END IF;
@@ -2777,13 +2865,16 @@ BEGIN
     END IF;
     EXECUTE format('CREATE SEQUENCE %s.lane_%s_enqueue MINVALUE 0 START 0', s, v_lane);
     EXECUTE format('CREATE SEQUENCE %s.lane_%s_claim MINVALUE 0 START 0', s, v_lane);
+    EXECUTE format('CREATE SEQUENCE %s.lane_%s_receipt MINVALUE 0 START 0', s, v_lane);
     -- last_value 0, is_called: pg_sequence_last_value() reads 0, nextval() gives 1
     PERFORM setval(format('%s.lane_%s_enqueue', s, v_lane)::regclass, 0, true);
     PERFORM setval(format('%s.lane_%s_claim', s, v_lane)::regclass, 0, true);
+    PERFORM setval(format('%s.lane_%s_receipt', s, v_lane)::regclass, 0, true);
     INSERT INTO __SCHEMA__.queue_enqueue_heads VALUES
         (v_lane, p_queue, p_priority, p_shard, format('%s.lane_%s_enqueue', s, v_lane)::regclass);
-    INSERT INTO __SCHEMA__.queue_claim_heads VALUES
-        (v_lane, p_queue, p_priority, p_shard, format('%s.lane_%s_claim', s, v_lane)::regclass);
+    INSERT INTO __SCHEMA__.queue_claim_heads (lane_id, queue, priority, shard, claim_seq, receipt_seq) VALUES
+        (v_lane, p_queue, p_priority, p_shard, format('%s.lane_%s_claim', s, v_lane)::regclass,
+         format('%s.lane_%s_receipt', s, v_lane)::regclass);
     RETURN v_lane;
 END $function$;
 

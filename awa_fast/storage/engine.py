@@ -112,8 +112,10 @@ class Storage(KeyLimitQueries, SessionQueries):
                     delay: float | None = None) -> int:
         """Enqueue one job on ``conn`` (in its current transaction); returns the job id.
 
-        Calls ``job_enqueue_v2`` (migration 0014): one SQL function frame for the lane lock, the
-        rows and the NOTIFY decision. ``job_enqueue`` stays in the schema for the previous runtime.
+        Calls ``job_enqueue_v3`` (migration 0025): one SQL function frame for the lane lock, the
+        rows and the NOTIFY decision, which reads the lane's claim cursor and receipt mark (two
+        sequences) instead of the claim ring. ``job_enqueue_v2`` and ``job_enqueue`` stay in the
+        schema for the previous runtimes.
         ``conn`` may be a cursor its caller holds alone (the App's pool connections keep one): a
         new cursor per call costs ~14 µs of client CPU, a fifth of the call (performance-log,
         2026-12-02 producers).
@@ -131,7 +133,7 @@ class Storage(KeyLimitQueries, SessionQueries):
                            metadata: RawJson | None, max_attempts: int) -> int:
         """:meth:`job_enqueue` of a job to run now, as its own transaction on an idle pool connection.
 
-        The same ``job_enqueue_v2`` call, run as a prepared statement through libpq with its
+        The same ``job_enqueue_v3`` call, run as a prepared statement through libpq with its
         parameters encoded here in binary (:meth:`PoolConnection.run_prepared`): ~40 µs less
         client CPU per call than the cursor path, in a scenario bound by client and server CPU
         together (performance-log, 2026-12-05 producers).
@@ -140,8 +142,8 @@ class Storage(KeyLimitQueries, SessionQueries):
         value = conn.run_prepared(name, sql, (
             queue.encode(), _INT4.pack(priority), kind.encode(), b"\x01" + args,
             None if metadata is None else b"\x01" + metadata, _INT4.pack(max_attempts), None)).get_value(0, 0)
-        if value is None:  # pragma: no cover - job_enqueue_v2 never returns NULL
-            raise AssertionError("job_enqueue_v2 returned NULL")
+        if value is None:  # pragma: no cover - job_enqueue_v3 never returns NULL
+            raise AssertionError("job_enqueue_v3 returned NULL")
         return int(_INT8.unpack(value)[0])
 
     async def job_enqueue_async(self, conn: psycopg.AsyncConnection, queue: str, priority: int, kind: str,

@@ -127,7 +127,7 @@ def test_no_time_comparison_uses_a_client_supplied_time():
     timed = {name: p for name, p in params.items() if re.search(r"timestamp|interval|\bdate\b|\btime\b", p, re.I)}
     # the only timestamps a function takes: a job's run_at (when the user wants it to run, compared
     # with now()), also through the unique enqueue (job_enqueue_unique -> job_write), the flat single
-    # enqueue (job_enqueue_v2) and the keyed one (job_enqueue_keyed: greatest(run_at, now())); a job's
+    # enqueue (job_enqueue_v2, job_enqueue_v3) and the keyed one (job_enqueue_keyed: greatest(run_at, now())); a job's
     # created_at copied from an earlier row by ready_append (never compared); and a periodic
     # schedule's tick and previous tick (schedule_fire): ledger keys the evaluator computed from
     # the cron expression and the database clock it read (schedule_due_list's now()), compared
@@ -135,7 +135,7 @@ def test_no_time_comparison_uses_a_client_supplied_time():
     # (unique_holds, read from the key row) and the fire ledger's retention interval
     # (schedule_fires_prune: now() - keep), neither of them a clock reading; the _v2 of the unique
     # and periodic ones (migration 0015) take the same arguments and differ only in the done rows they read
-    assert set(timed) <= {"job_enqueue", "job_enqueue_v2", "job_enqueue_keyed", "ready_append",
+    assert set(timed) <= {"job_enqueue", "job_enqueue_v2", "job_enqueue_v3", "job_enqueue_keyed", "ready_append",
                           "job_enqueue_unique", "job_write", "schedule_fire", "unique_holds",
                           "schedule_fires_prune", "job_enqueue_unique_v2", "schedule_fire_v2",
                           "unique_holds_v2"}, timed

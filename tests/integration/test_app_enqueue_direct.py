@@ -2,7 +2,7 @@
 
 On the App's own pool connections (autocommit, one thread from ``getconn`` to
 ``putconn``) the single enqueue skips psycopg's cursor layer: the same
-``job_enqueue_v2`` call, prepared once per session, parameters encoded in
+``job_enqueue_v3`` call, prepared once per session, parameters encoded in
 binary by the caller (``Storage.job_enqueue_direct``). These tests hold it to
 the cursor path's contract: the same rows, the same psycopg errors, a pool
 connection that stays usable after an error, and a session that lost its
@@ -47,12 +47,12 @@ def test_a_job_to_run_now_is_stored_as_the_cursor_path_stores_it(pg_dsn, schema,
 
 
 def test_a_server_error_raises_the_psycopg_class_and_the_connection_stays_usable(pg_dsn, schema, conn):
-    fn = sqlx(conn, schema, "SELECT 'job_enqueue_v2(text, int, text, jsonb, jsonb, int, timestamptz)'"
+    fn = sqlx(conn, schema, "SELECT 'job_enqueue_v3(text, int, text, jsonb, jsonb, int, timestamptz)'"
                             "::text").fetchone()[0]
     original = sqlx(conn, schema, f"SELECT pg_get_functiondef('__SCHEMA__.{fn}'::regprocedure)").fetchone()[0]
     with App(pg_dsn, schema, pool_size=1) as app:
         before = app.enqueue("direct.kind", {"i": 0}, queue=Q)
-        sqlx(conn, schema, "CREATE OR REPLACE FUNCTION __SCHEMA__.job_enqueue_v2(p_queue text, p_priority int, "
+        sqlx(conn, schema, "CREATE OR REPLACE FUNCTION __SCHEMA__.job_enqueue_v3(p_queue text, p_priority int, "
                            "p_kind text, p_args jsonb, p_metadata jsonb, p_max_attempts int, p_run_at timestamptz) "
                            "RETURNS bigint LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'refused for the test' "
                            "USING ERRCODE = '40001'; END $$")

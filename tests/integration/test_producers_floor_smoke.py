@@ -26,12 +26,12 @@ SCRIPT = REPO / "perf" / "producers_floor.py"
 def test_every_arm_runs_and_reports_its_counts(pg_dsn):
     schema = f"bench_pf_{uuid.uuid4().hex[:8]}"
     out = subprocess.run([sys.executable, str(SCRIPT), "--dsn", pg_dsn, "--schema", schema, "--processes", "2",
-                          "--seconds", "0.5", "--arms", "plain,v2,app", "--json"],
+                          "--seconds", "0.5", "--arms", "plain,v2,v3,app", "--json"],
                          capture_output=True, text=True, timeout=300, cwd=REPO, check=False)
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     runs = {r["arm"]: r for r in doc["runs"]}
-    assert set(runs) == {"plain", "v2", "app"}
+    assert set(runs) == {"plain", "v2", "v3", "app"}
     for r in runs.values():
         assert r["processes"] == 2 and len(r["per_producer"]) == 2
         assert all(n > 0 for n in r["per_producer"]) and r["calls"] == sum(r["per_producer"])
@@ -44,7 +44,7 @@ def test_every_arm_runs_and_reports_its_counts(pg_dsn):
         c.execute(f'DROP SCHEMA "{schema}" CASCADE')
     # every call inside the window, plus the warm-up calls before it (50 per producer)
     assert plain == runs["plain"]["calls"] + 2 * 50
-    assert queued == runs["v2"]["calls"] + runs["app"]["calls"] + 2 * 2 * 50
+    assert queued == runs["v2"]["calls"] + runs["v3"]["calls"] + runs["app"]["calls"] + 3 * 2 * 50
 
 
 def test_refuses_a_schema_outside_the_bench_prefix(pg_dsn):

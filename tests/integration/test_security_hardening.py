@@ -97,7 +97,9 @@ def test_ring_prune_never_moves_a_sequence_named_in_a_table(pg_dsn: str, roles) 
         client.close()
         [(lane,)] = rt.execute(render("SELECT lane_id FROM __SCHEMA__.queue_claim_heads", schema)).fetchall()
         # The runtime role cannot rewrite which sequence is a lane's cursor, nor forge lanes.
+        # Nor which sequence a claim setval()s as the lane's receipt mark (0025: claims run as the caller).
         for stmt in ("UPDATE __SCHEMA__.queue_claim_heads SET claim_seq = %s::oid::regclass",
+                     "UPDATE __SCHEMA__.queue_claim_heads SET receipt_seq = %s::oid::regclass",
                      "UPDATE __SCHEMA__.queue_enqueue_heads SET enqueue_seq = %s::oid::regclass"):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 rt.execute(render(stmt, schema), (seq_oid,))

@@ -1,5 +1,6 @@
-"""job_enqueue_v2 (migration 0014): one SQL function frame on a warm lane, and the same lane
-protocol as job_enqueue, which the previous runtime still calls during a rolling upgrade."""
+"""The single enqueue (job_enqueue_v2 of migration 0014, job_enqueue_v3 of 0025): one SQL function
+frame on a warm lane, and the same lane protocol as job_enqueue and job_enqueue_v2, which previous
+runtimes still call during a rolling upgrade."""
 
 from __future__ import annotations
 
@@ -41,31 +42,32 @@ def test_warm_lane_enqueue_runs_one_function_frame(pg_dsn, schema, storage, conn
         before = _frames(p, schema)
         second = enqueue(schema, p, Q, {"n": 2})
         # the lane exists and is free: no nested function call at all
-        assert _calls_between(before, _frames(p, schema)) == {"job_enqueue_v2": 1}
+        assert _calls_between(before, _frames(p, schema)) == {"job_enqueue_v3": 1}
         p.commit()
     assert [s.job_id for s in claim(storage, conn, Q, 10)] == [first, second]
 
 
-def _enqueue_v1(schema: str, p: psycopg.Connection, n: int) -> int:
-    """The previous runtime's single enqueue: the SQL function job_enqueue, unchanged."""
-    row = sqlx(p, schema, "SELECT __SCHEMA__.job_enqueue(%s, 2, 'k', %s::jsonb, NULL, 5, NULL)",
+def _enqueue_previous(schema: str, p: psycopg.Connection, fn: str, n: int) -> int:
+    """A previous runtime's single enqueue: the SQL function ``fn`` (job_enqueue, job_enqueue_v2), unchanged."""
+    row = sqlx(p, schema, f"SELECT __SCHEMA__.{fn}(%s, 2, 'k', %s::jsonb, NULL, 5, NULL)",
                (Q, f'{{"n": {n}}}')).fetchone()
     assert row is not None
     return int(row[0])
 
 
-@pytest.mark.parametrize("first_version", ["v1", "v2"])
+@pytest.mark.parametrize("previous", ["job_enqueue", "job_enqueue_v2"])
+@pytest.mark.parametrize("first_version", ["previous", "new"])
 def test_previous_and_new_enqueue_exclude_each_other_and_keep_commit_order(pg_dsn, schema, storage, conn,
-                                                                        first_version):
+                                                                        first_version, previous):
     storage.queue_configure(conn, Q, enqueue_shards=1)
     warm_lanes(conn, schema, Q, 2, 1)
     def old(p, n):  # noqa: ANN001, ANN202
-        return _enqueue_v1(schema, p, n)
+        return _enqueue_previous(schema, p, previous, n)
 
     def new(p, n):  # noqa: ANN001, ANN202
         return enqueue(schema, p, Q, {"n": n})
 
-    one, two = (old, new) if first_version == "v1" else (new, old)
+    one, two = (old, new) if first_version == "previous" else (new, old)
     with connect(pg_dsn, schema, autocommit=False, tag="p1") as p1, \
             connect(pg_dsn, schema, autocommit=False, tag="p2") as p2:
         a = one(p1, 1)
