@@ -674,6 +674,15 @@ SELECT extract(epoch FROM clock_timestamp())::float8
 -- zone lookup (~0.2 against ~0.65 us a row under 'Etc/UTC'). Instants are unchanged; no claim SQL reads TimeZone.
 SET TimeZone TO 'UTC'
 
+-- name: session_index_probes
+-- The runtime's claim, completion and heartbeat sessions read the rings by key only. Their generic plans
+-- are made once per session, from the statistics of that moment, and a ring slot just truncated looks
+-- empty: a plan made then scans that slot whole on every call once it fills (a one-job completion read
+-- ~600 receipts and closures of a slot of 300), until an ANALYZE of the slot replans it. With sequential
+-- scans off every probe keeps its index path; a table without one is still read (tests:
+-- test_completion_probes.py).
+SET enable_seqscan TO off
+
 -- name: session_ping
 -- A round trip proving an idle connection alive (a half-open socket answers nothing).
 SELECT 1

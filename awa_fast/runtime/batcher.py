@@ -198,6 +198,7 @@ class CompletionBatcher:
             # through libpq itself (Storage.receipt_complete_rows)
             self._conn = connect(self.config.dsn, application_name=self.config.application_name,
                                  connection_class=PoolConnection)
+            self.storage.session_index_probes(self._conn)  # plans that stay index probes as slots fill
         return self._conn
 
     def _flush_with_retry(self, batch: list[Closed]) -> None:

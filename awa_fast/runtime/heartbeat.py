@@ -177,6 +177,7 @@ class Heartbeat:
     def _send(self, jobs: Sequence[Job[Any]], progress: Sequence[RawJson | None]) -> list[AttemptResult]:
         if self._conn is None or self._conn.closed:
             self._conn = connect(self.config.dsn, application_name=self.config.application_name)
+            self.storage.session_index_probes(self._conn)  # plans that stay index probes as slots fill
         return self.storage.attempt_heartbeat(self._conn, [j.snapshot for j in jobs], progress)
 
     def _connection_lost(self, exc: psycopg.Error) -> bool:

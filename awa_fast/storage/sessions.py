@@ -30,6 +30,14 @@ class SessionQueries:
         """Make ``conn`` report timestamptz values in UTC (the same instants, the cheapest ``datetime`` to build)."""
         conn.execute(self.q["session_utc"])
 
+    def session_index_probes(self, conn: psycopg.Connection) -> None:
+        """Plan ``conn``'s statements without sequential scans: a hot-path session (claim, completion, heartbeat).
+
+        Its generic plans are made once, and a ring slot truncated a moment before looks empty to the
+        planner: a scan of that slot, cheap then, would be kept while the slot fills (``queries.sql``).
+        """
+        conn.execute(self.q["session_index_probes"])
+
     def session_ping(self, conn: psycopg.Connection) -> None:
         """One round trip on ``conn``: raises if the connection is gone (a half-open one hangs: see the watchdog)."""
         conn.execute(self.q["session_ping"])
