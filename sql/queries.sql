@@ -675,12 +675,12 @@ SELECT extract(epoch FROM clock_timestamp())::float8
 SET TimeZone TO 'UTC'
 
 -- name: session_index_probes
--- The runtime's claim, completion and heartbeat sessions read the rings by key only. Their generic plans
+-- The completion batcher's and the heartbeat's sessions read the claim ring by key only. Their generic plans
 -- are made once per session, from the statistics of that moment, and a ring slot just truncated looks
 -- empty: a plan made then scans that slot whole on every call once it fills (a one-job completion read
--- ~600 receipts and closures of a slot of 300), until an ANALYZE of the slot replans it. With sequential
--- scans off every probe keeps its index path; a table without one is still read (tests:
--- test_completion_probes.py).
+-- ~600 receipts and closures of a slot of 300; a flush of 512 cost 3-9 ms against 2-4 ms), until an
+-- ANALYZE of the slot replans it. With sequential scans off every probe keeps its index path; a table
+-- without one is still read. Not the claim session: see migration 0026 (tests: test_completion_probes.py).
 SET enable_seqscan TO off
 
 -- name: session_ping

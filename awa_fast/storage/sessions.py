@@ -31,10 +31,11 @@ class SessionQueries:
         conn.execute(self.q["session_utc"])
 
     def session_index_probes(self, conn: psycopg.Connection) -> None:
-        """Plan ``conn``'s statements without sequential scans: a hot-path session (claim, completion, heartbeat).
+        """Plan ``conn``'s statements without sequential scans: the batcher's and the heartbeat's session.
 
-        Its generic plans are made once, and a ring slot truncated a moment before looks empty to the
-        planner: a scan of that slot, cheap then, would be kept while the slot fills (``queries.sql``).
+        Their generic plans are made once, and a ring slot truncated a moment before looks empty to
+        the planner: a scan of that slot, cheap then, would be kept while the slot fills
+        (``queries.sql``). The claim session keeps sequential scans (migration 0026 says why).
         """
         conn.execute(self.q["session_index_probes"])
 

@@ -8,9 +8,10 @@ These tests fill a claim slot, let the planner see it (VACUUM ANALYZE, a new bac
 complete one more job and count the rows and index entries the call read in the claim ring.
 The claim's lookup of a lane's receipts past its cursor (lane_cursor_advance) had the
 same shape: a sequential scan of the current claim slot once its statistics showed one lane.
-The worker connections here are set up as the runtime's are (``session_index_probes``): a
+The worker connections here are set up as the runtime's are (the batcher's without sequential
+scans, ``session_index_probes``; the claimer's cursor lookup the same way, migration 0026): a
 plan made while a slot's statistics are those of an empty table scans it whole once it fills
-(the last test), which also made the checks above fail now and then.
+(the last tests), which also made the checks above fail now and then.
 """
 
 from __future__ import annotations
@@ -46,13 +47,16 @@ def _claim_ring_reads(conn: psycopg.Connection, schema: str) -> dict[str, int]:
 
 
 def _runtime_session(pg_dsn: str, schema: str, storage, tag: str) -> psycopg.Connection:  # noqa: ANN001
-    """A connection set up as the runtime's claim and batcher sessions are (no sequential scans), in a transaction.
+    """A connection set up as the runtime's session ``tag`` is, in a transaction.
 
-    Without it a plan made while a slot's statistics are small scans the slot (the last test below).
+    The batcher's turns sequential scans off (``session_index_probes``); the claimer's keeps them,
+    and its one claim-ring lookup runs without them (``lane_cursor_advance``, migration 0026).
+    Without either, a plan made while a slot's statistics are small scans the slot (the last tests).
     """
     c = connect(pg_dsn, schema, autocommit=False, tag=tag)
-    storage.session_index_probes(c)
-    c.commit()
+    if tag != "claimer":
+        storage.session_index_probes(c)
+        c.commit()
     return c
 
 
@@ -213,7 +217,7 @@ def test_a_backend_that_planned_on_an_empty_ring_still_probes_by_key(pg_dsn, sch
     for table in _CLAIM_RING_SLOT0:
         sqlx(conn, schema, f"ALTER TABLE __SCHEMA__.{table} SET (autovacuum_enabled = false)")
         sqlx(conn, schema, f"ANALYZE __SCHEMA__.{table}")  # empty: 0 rows, 0 pages
-    with _runtime_session(pg_dsn, schema, storage, "worker") as b:
+    with _runtime_session(pg_dsn, schema, storage, "claimer" if path is _claim_one else "batcher") as b:
 
         def step() -> dict[str, int]:
             enqueue(schema, conn, Q)
@@ -242,7 +246,7 @@ def test_a_backend_that_planned_on_an_empty_ring_still_probes_by_key(pg_dsn, sch
     assert counts(storage, conn, Q) == {"completed": FILL + 2}
 
 
-def test_the_runtime_sets_up_its_claim_batcher_and_heartbeat_sessions_for_index_probes(pg_dsn, schema):
+def test_the_runtime_plans_its_batcher_and_heartbeat_sessions_without_sequential_scans(pg_dsn, schema):
     from awa_fast.runtime.claimer import Claimer, ClaimerConfig
 
     claimer = Claimer(ClaimerConfig(pg_dsn, schema, Q), {}, watch_parent=False)
@@ -250,8 +254,9 @@ def test_the_runtime_sets_up_its_claim_batcher_and_heartbeat_sessions_for_index_
         assert claimer.heartbeat._send([], []) == []  # opens the heartbeat's connection
         sessions = {"claim": claimer._claim_connection(), "batcher": claimer.batcher._connection(),
                     "heartbeat": claimer.heartbeat._conn}
+        # the claim session keeps them: its tombstone join would become a probe per claimed row (0026)
         assert {name: c.execute("SHOW enable_seqscan").fetchone() for name, c in sessions.items()} == {
-            "claim": ("off",), "batcher": ("off",), "heartbeat": ("off",)}
+            "claim": ("on",), "batcher": ("off",), "heartbeat": ("off",)}
     finally:
         for c in (claimer._claim_conn, claimer.batcher._conn, claimer.heartbeat._conn):
             if c is not None:
