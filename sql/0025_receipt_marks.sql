@@ -26,20 +26,22 @@
 -- A sequence is not transactional: the mark is set before the claim
 -- commits and stays if it rolls back. So the mark is never below the last
 -- number of any committed receipt of the lane (claims of one lane take
--- turns on its head, and each one starts past every committed receipt),
--- and it may be above it while a claim is in flight or after one rolled
--- back. It is a hint for the NOTIFY decision only: no claim, prune gate or
--- cursor reads it.
+-- turns on its head, each one starts past every committed receipt, and two
+-- claims in one transaction continue past its own receipts), and it may be
+-- above it while a claim is in flight or after one rolled back. It is a
+-- hint for the NOTIFY decision only: no claim, prune gate or cursor reads
+-- it. (A mark a claim could trust would strand rows: a rolled-back claim's
+-- mark would make its rows look taken.)
 --
--- job_enqueue_v3: job_enqueue_v2 with the decision read from the two
--- sequences, greatest(claim cursor, receipt mark), instead of the receipt
--- probe. Because the mark is at least what the probe found, the new
--- decision notifies in every case the old one did; it also notifies while
--- a claim of the lane is in flight or after one rolled back (a wake-up the
--- claimers' own re-claim after a short claim would otherwise cover). That
--- changes what the function does, so it is a new name (rule 2); job_enqueue_v2
--- and lane_reserve (the bulk paths: one call per 1,024 rows) keep their
--- probe and their behaviour.
+-- job_enqueue_v3: job_enqueue_v2 with the same NOTIFY decisions, read more
+-- cheaply. While the cursor alone shows 64 or more rows, 64 or more past
+-- the mark too prove that 64 or more lie past every committed receipt: no
+-- wake-up, and the claim ring is not read. Otherwise (a claim in flight, or
+-- the cursor lagging a committed claim: after a drain) it reads the
+-- receipts as v2 does. Same arguments, results and NOTIFYs, but it needs
+-- this migration's column, so the previous runtime keeps calling
+-- job_enqueue_v2, unchanged; lane_reserve (the bulk paths, one call per
+-- 1,024 rows) keeps its probe.
 --
 -- claim_batch_v3 and claim_batch_v4 (body only, rule 3): the same rows,
 -- receipts, locks in the same order, cursor moves and results; the lane
@@ -48,40 +50,44 @@
 -- measured 703 against 690 us of backend CPU, inside its spread). The
 -- lane_claim_limited and lane_claim_keyed functions claim through v3.
 --
--- Existing lanes: the migration creates their sequences and sets each mark
--- to the lane's effective cursor (its claim cursor, or the last number of
--- its receipts past it), so the first enqueue after the upgrade decides as
--- the probe would have.
+-- receipt_seq may be NULL: a lane whose lane_ensure call was waiting on
+-- this migration's lock inserts its head with the previous body (without
+-- the column). Its claims' setval of NULL does nothing (setval is strict)
+-- and its enqueues read the receipts whenever the cursor shows 64 rows.
+--
+-- Upgrading: ADD COLUMN takes an ACCESS EXCLUSIVE lock on queue_claim_heads,
+-- which every claim and enqueue reads, so the migration waits for the
+-- transactions that hold it and claims and enqueues wait for the migration
+-- (a few milliseconds on its own; as long as the longest open transaction
+-- that enqueued, if one is open).
 --
 -- Compatibility: the previous runtime calls job_enqueue_v2, claim_batch_v3
 -- and claim_batch_v4 by the same names and gets the same results, and its
--- claims set the mark the new enqueue reads. A runtime from before migration
--- 0007 claims through claim_batch_v2, which does not set the mark: beside
--- such a runtime, a new enqueue may skip a NOTIFY after its claims and the
--- job waits for the claimers' poll (no work is lost).
+-- claims set the mark the new enqueue reads. claim_batch_v2 does not set it,
+-- but no runtime that calls it may run against this schema (migration 0015
+-- is not compatible with the runtime before it).
 
 ALTER TABLE __SCHEMA__.queue_claim_heads ADD COLUMN receipt_seq regclass;
 
+-- Existing lanes start with their mark at their enqueue head, which is at or
+-- past every receipt they can have (so the invariant holds whatever this
+-- transaction's snapshot saw): their enqueues read the receipts as before
+-- until their next claim sets the mark.
 DO $migrate$
 DECLARE
     s text := '__SCHEMA__';
     r record;
 BEGIN
     FOR r IN
-        SELECT h.lane_id,
-               greatest(COALESCE(pg_sequence_last_value(h.claim_seq), 0),
-                        COALESCE((SELECT max(c.last_seq) FROM __SCHEMA__.lease_claims c WHERE c.lane_id = h.lane_id),
-                                 0)) AS mark
-        FROM __SCHEMA__.queue_claim_heads h
+        SELECT e.lane_id, COALESCE(pg_sequence_last_value(e.enqueue_seq), 0) AS head
+        FROM __SCHEMA__.queue_enqueue_heads e
     LOOP
         EXECUTE format('CREATE SEQUENCE %s.lane_%s_receipt MINVALUE 0 START 0', s, r.lane_id);
-        PERFORM setval(format('%s.lane_%s_receipt', s, r.lane_id)::regclass, r.mark, true);
+        PERFORM setval(format('%s.lane_%s_receipt', s, r.lane_id)::regclass, r.head, true);
         UPDATE __SCHEMA__.queue_claim_heads SET receipt_seq = format('%s.lane_%s_receipt', s, r.lane_id)::regclass
         WHERE lane_id = r.lane_id;
     END LOOP;
 END $migrate$;
-
-ALTER TABLE __SCHEMA__.queue_claim_heads ALTER COLUMN receipt_seq SET NOT NULL;
 
 -- Version 2: creates the lane's receipt mark beside its two cursors.
 CREATE OR REPLACE FUNCTION __SCHEMA__.lane_ensure(p_queue text, p_priority integer, p_shard integer)
@@ -139,6 +145,8 @@ DECLARE
     v_slot int;
     v_first bigint;
     v_claimed bigint;
+    v_mark bigint;
+    v_receipt bigint;
     v_job bigint;
 BEGIN
     IF p_run_at IS NOT NULL AND p_run_at > now() THEN
@@ -181,12 +189,21 @@ BEGIN
     INSERT INTO __SCHEMA__.ready_entries (ready_slot, lane_id, lane_seq, job_id, kind, args, metadata,
         attempt, max_attempts, lease_base)
     VALUES (v_slot, v_lane, v_first, v_job, p_kind, p_args, p_metadata, 0, p_max_attempts, 0);
-    -- The NOTIFY decision: wake claimers unless the lane already had 64 rows
-    -- or more past its receipt mark (0025: at least the last number of every
-    -- committed receipt, so this wakes whenever the probe of 0004 did) and
-    -- past its claim cursor (which also moves over tombstoned rows).
-    v_claimed := greatest(COALESCE(pg_sequence_last_value(v_claim_seq), 0),
-                          COALESCE(pg_sequence_last_value(v_mark_seq), 0));
+    -- The NOTIFY decision of job_enqueue_v2 (0004, 0014): wake claimers unless the lane already
+    -- had 64 rows or more not covered by a committed receipt. The claim cursor lags its last
+    -- receipt by one claim; while it alone says 64 or more, the lane's receipt mark (0025: at or
+    -- past the last number of every committed receipt) settles it when 64 or more rows lie past
+    -- it too, and only otherwise are the receipts read (Index lease_claims_lane (lane_id, last_seq)).
+    v_claimed := COALESCE(pg_sequence_last_value(v_claim_seq), 0);
+    IF v_first - 1 - v_claimed >= 64 THEN
+        v_mark := pg_sequence_last_value(v_mark_seq);  -- NULL: a lane without a mark
+        IF v_mark IS NOT NULL AND v_first - 1 - v_mark >= 64 THEN
+            RETURN v_job;  -- claimers have a backlog: no wake-up, and no claim partition read
+        END IF;
+        SELECT max(c.last_seq) INTO v_receipt FROM __SCHEMA__.lease_claims c
+        WHERE c.lane_id = v_lane AND c.last_seq > v_claimed;
+        v_claimed := greatest(v_claimed, v_receipt);
+    END IF;
     IF v_first - 1 - v_claimed < 64 THEN
         PERFORM pg_notify(__SCHEMA__.notify_channel(), p_queue);
     END IF;

@@ -5,8 +5,9 @@
 
 -- name: job_enqueue
 -- Enqueue one job in the caller's transaction: one function frame for the lane lock, the ready row,
--- its segment and the NOTIFY decision from the lane's cursor and receipt mark (job_enqueue_v3, 0025;
--- job_enqueue_v2 and job_enqueue stay for the previous runtimes).
+-- its segment and the NOTIFY decision, which reads the claim ring only where the lane's cursor and
+-- receipt mark cannot settle it (job_enqueue_v3, 0025; job_enqueue_v2 and job_enqueue stay for the
+-- previous runtimes).
 SELECT __SCHEMA__.job_enqueue_v3(%s::text, %s::int, %s::text, %s::jsonb, %s::jsonb, %s::int, %s::timestamptz)
 
 -- name: job_enqueue_in

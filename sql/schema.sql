@@ -273,7 +273,7 @@ CREATE TABLE __SCHEMA__.queue_claim_heads (
     priority smallint NOT NULL,
     shard smallint NOT NULL,
     claim_seq regclass NOT NULL,
-    receipt_seq regclass NOT NULL,
+    receipt_seq regclass,
     CONSTRAINT queue_claim_heads_pkey PRIMARY KEY (lane_id),
     CONSTRAINT queue_claim_heads_lane_id_fkey FOREIGN KEY (lane_id) REFERENCES __SCHEMA__.queue_lanes(lane_id)
 );
@@ -2046,6 +2046,8 @@ DECLARE
     v_slot int;
     v_first bigint;
     v_claimed bigint;
+    v_mark bigint;
+    v_receipt bigint;
     v_job bigint;
 BEGIN
     IF p_run_at IS NOT NULL AND p_run_at > now() THEN
@@ -2088,12 +2090,21 @@ BEGIN
     INSERT INTO __SCHEMA__.ready_entries (ready_slot, lane_id, lane_seq, job_id, kind, args, metadata,
         attempt, max_attempts, lease_base)
     VALUES (v_slot, v_lane, v_first, v_job, p_kind, p_args, p_metadata, 0, p_max_attempts, 0);
-    -- The NOTIFY decision: wake claimers unless the lane already had 64 rows
-    -- or more past its receipt mark (0025: at least the last number of every
-    -- committed receipt, so this wakes whenever the probe of 0004 did) and
-    -- past its claim cursor (which also moves over tombstoned rows).
-    v_claimed := greatest(COALESCE(pg_sequence_last_value(v_claim_seq), 0),
-                          COALESCE(pg_sequence_last_value(v_mark_seq), 0));
+    -- The NOTIFY decision of job_enqueue_v2 (0004, 0014): wake claimers unless the lane already
+    -- had 64 rows or more not covered by a committed receipt. The claim cursor lags its last
+    -- receipt by one claim; while it alone says 64 or more, the lane's receipt mark (0025: at or
+    -- past the last number of every committed receipt) settles it when 64 or more rows lie past
+    -- it too, and only otherwise are the receipts read (Index lease_claims_lane (lane_id, last_seq)).
+    v_claimed := COALESCE(pg_sequence_last_value(v_claim_seq), 0);
+    IF v_first - 1 - v_claimed >= 64 THEN
+        v_mark := pg_sequence_last_value(v_mark_seq);  -- NULL: a lane without a mark
+        IF v_mark IS NOT NULL AND v_first - 1 - v_mark >= 64 THEN
+            RETURN v_job;  -- claimers have a backlog: no wake-up, and no claim partition read
+        END IF;
+        SELECT max(c.last_seq) INTO v_receipt FROM __SCHEMA__.lease_claims c
+        WHERE c.lane_id = v_lane AND c.last_seq > v_claimed;
+        v_claimed := greatest(v_claimed, v_receipt);
+    END IF;
     IF v_first - 1 - v_claimed < 64 THEN
         PERFORM pg_notify(__SCHEMA__.notify_channel(), p_queue);
     END IF;

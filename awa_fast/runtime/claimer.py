@@ -52,12 +52,10 @@ __all__ = ["LOCAL_WORK_S", "Claimer", "ClaimerConfig", "claim_ahead", "next_clai
            "error_text", "failure_text", "next_busy_pause", "timeout_text"]
 
 log = logging.getLogger("awa_fast.claimer")
-# A short claim of fewer rows than this may wait for a NOTIFY. Bulk enqueues
-# (and the previous runtime's single enqueue, job_enqueue_v2) skip the NOTIFY
-# while a lane has 64+ rows not covered by committed receipts, so rows of
-# claims still committing count as backlog: it takes 8 such claims in flight
-# at once to hide a new row until the poll. (job_enqueue_v3 counts a claim in
-# flight as covering its rows: the lane's receipt mark, migration 0025.)
+# A short claim of fewer rows than this may wait for a NOTIFY. Producers
+# skip the NOTIFY while a lane has 64+ rows not covered by committed
+# receipts, so rows of claims still committing count as backlog: it takes
+# 8 such claims in flight at once to hide a new row until the poll.
 _SHORT_CLAIM_SLEEPS = 8
 
 # Pauses between claims that found every lane with work busy (another

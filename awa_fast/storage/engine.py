@@ -113,9 +113,9 @@ class Storage(KeyLimitQueries, SessionQueries):
         """Enqueue one job on ``conn`` (in its current transaction); returns the job id.
 
         Calls ``job_enqueue_v3`` (migration 0025): one SQL function frame for the lane lock, the
-        rows and the NOTIFY decision, which reads the lane's claim cursor and receipt mark (two
-        sequences) instead of the claim ring. ``job_enqueue_v2`` and ``job_enqueue`` stay in the
-        schema for the previous runtimes.
+        rows and the NOTIFY decision, which reads the lane's receipts in the claim ring only where
+        its claim cursor and receipt mark (two sequences) cannot settle it. ``job_enqueue_v2`` and
+        ``job_enqueue`` stay in the schema for the previous runtimes.
         ``conn`` may be a cursor its caller holds alone (the App's pool connections keep one): a
         new cursor per call costs ~14 µs of client CPU, a fifth of the call (performance-log,
         2026-12-02 producers).

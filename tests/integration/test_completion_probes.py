@@ -202,36 +202,48 @@ def _complete_quiet(storage, b, snap):  # noqa: ANN001, ANN202
     return storage.receipt_complete_rows(b, [snap])
 
 
-def _claim_one(storage, b, snap):  # noqa: ANN001, ANN202
-    """The claim path: the snapshot is ignored; a claim of the one job enqueued for this step."""
-    return [s for s in storage.lane_claim(b, Q, 64) if s.job_id is None]
+_COMPLETIONS = {"COPY, whole receipt": _copy_whole, "COPY, part of a receipt": _copy_part,
+                "with a result": _with_result, "quiet": _complete_quiet}
 
 
-@pytest.mark.parametrize("path", [_copy_whole, _copy_part, _with_result, _complete_quiet, _claim_one],
-                         ids=["COPY, whole receipt", "COPY, part of a receipt", "with a result", "quiet",
-                              "claim"])
+def _enqueue_in_two_lanes(pg_dsn: str, schema: str) -> None:
+    """One job in each of two lanes: the second producer finds the first one's lane locked."""
+    with connect(pg_dsn, schema, autocommit=False, tag="p1") as p1, connect(pg_dsn, schema, tag="p2") as p2:
+        enqueue(schema, p1, Q)
+        enqueue(schema, p2, Q)  # its preferred lane may be p1's, held until p1 commits: another shard
+        p1.commit()
+
+
+@pytest.mark.parametrize("path", [*_COMPLETIONS, "claim", "claim, two lanes"])
 def test_a_backend_that_planned_on_an_empty_ring_still_probes_by_key(pg_dsn, schema, storage, conn, path):
     """A batcher or claimer plans its generic plans once, when a ring slot may be freshly truncated
     (statistics of an empty table): those plans must still read a few index entries once the slot is
-    full. Autovacuum is off on slot 0 here, so no ANALYZE replans them in between."""
+    full. Autovacuum is off on slot 0 here, so no ANALYZE replans them in between. With two lanes
+    the claim also orders the lanes by their receipts past the cursor (claim_batch_v4)."""
     for table in _CLAIM_RING_SLOT0:
         sqlx(conn, schema, f"ALTER TABLE __SCHEMA__.{table} SET (autovacuum_enabled = false)")
         sqlx(conn, schema, f"ANALYZE __SCHEMA__.{table}")  # empty: 0 rows, 0 pages
-    with _runtime_session(pg_dsn, schema, storage, "claimer" if path is _claim_one else "batcher") as b:
+    claiming = path.startswith("claim")
+    lanes = 2 if path == "claim, two lanes" else 1
+    with _runtime_session(pg_dsn, schema, storage, "claimer" if claiming else "batcher") as b:
 
         def step() -> dict[str, int]:
-            enqueue(schema, conn, Q)
-            if path is _claim_one:
-                before = _claim_ring_reads(b, schema)
-                [snap] = storage.lane_claim(b, Q, 64)
+            if lanes == 2:
+                _enqueue_in_two_lanes(pg_dsn, schema)
             else:
-                [snap] = claim(storage, conn, Q, 1)
+                enqueue(schema, conn, Q)
+            if claiming:
                 before = _claim_ring_reads(b, schema)
-                assert path(storage, b, snap) == []
+                snaps = storage.lane_claim(b, Q, 64)
+                assert len({s.lane_id for s in snaps}) == len(snaps) == lanes
+            else:
+                snaps = claim(storage, conn, Q, 1)
+                before = _claim_ring_reads(b, schema)
+                assert _COMPLETIONS[path](storage, b, snaps[0]) == []
             after = _claim_ring_reads(b, schema)
             b.commit()
-            if path is _claim_one:
-                assert storage.receipt_complete_rows(conn, [snap]) == []
+            if claiming:
+                assert storage.receipt_complete_rows(conn, snaps) == []
             return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
 
         step()  # plans every statement of the path while slot 0 is empty
@@ -242,8 +254,8 @@ def test_a_backend_that_planned_on_an_empty_ring_still_probes_by_key(pg_dsn, sch
         assert sqlx(conn, schema, "SELECT reltuples FROM pg_class WHERE oid = '__SCHEMA__.lease_claims_0'::regclass"
                     ).fetchone() == (0.0,)  # still the empty slot's statistics
         reads = step()
-    assert sum(reads.values()) <= 4, reads
-    assert counts(storage, conn, Q) == {"completed": FILL + 2}
+    assert sum(reads.values()) <= 4 * lanes, reads
+    assert counts(storage, conn, Q) == {"completed": FILL + 2 * lanes}
 
 
 def test_the_runtime_plans_its_batcher_and_heartbeat_sessions_without_sequential_scans(pg_dsn, schema):

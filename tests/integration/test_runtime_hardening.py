@@ -34,7 +34,7 @@ from awa_fast.runtime.heartbeat import Heartbeat, HeartbeatConfig
 from awa_fast.storage import RawJson
 from awa_fast.storage.migrate import migrate
 from awa_fast.storage.schema import migrations, render
-from tests.fixtures.database import sqlx_all
+from tests.fixtures.database import migrate_before, sqlx_all
 from tests.fixtures.supervisor import SupervisorProc
 from tests.fixtures.waiting import wait_for
 from tests.integration.runtime_apps_hardening import CANCEL_QUEUE
@@ -377,22 +377,11 @@ def test_the_deadline_migration_gives_existing_queues_without_a_deadline_the_def
     default) and one of 5 minutes."""
     import uuid
 
-    ours = next(m.version for m in migrations() if m.name == "runtime_hardening")
     name = "t_" + uuid.uuid4().hex[:12]
     with psycopg.connect(pg_dsn, autocommit=True) as c:
         try:
+            ours = migrate_before(c, name, "runtime_hardening")
             with c.transaction():
-                c.execute(render("CREATE SCHEMA __SCHEMA__", name))
-                c.execute(render("CREATE TABLE __SCHEMA__.schema_migrations (version int PRIMARY KEY, "
-                                 "name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())", name))
-                for mig in migrations():
-                    if mig.version >= ours:
-                        break
-                    c.execute(render(mig.text, name))
-                    c.execute(render("INSERT INTO __SCHEMA__.schema_migrations (version, name) VALUES (%s, %s)",
-                                     name), (mig.version, mig.name))
-                    if mig.version == 2:
-                        c.execute(render("SELECT __SCHEMA__.ring_install(4, 4, 4)", name))
                 c.execute(render("INSERT INTO __SCHEMA__.queue_meta (queue) VALUES ('old')", name))
                 c.execute(render("INSERT INTO __SCHEMA__.queue_meta (queue, deadline) "
                                  "VALUES ('tuned', interval '5 minutes')", name))

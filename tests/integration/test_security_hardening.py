@@ -32,6 +32,7 @@ from awa_fast.runtime.supervisor import QueueSpec, SupervisorConfig
 from awa_fast.storage import Storage, connect, use_raw_jsonb
 from awa_fast.storage.migrate import RingSizes, migrate
 from awa_fast.storage.schema import latest_version, migrations, render, validate_schema
+from tests.fixtures.database import migrate_before
 from tests.fixtures.supervisor import SupervisorProc, pid_alive
 from tests.integration.runtime_helpers import cli
 
@@ -186,20 +187,14 @@ def test_upgrade_regrants_roles_of_an_earlier_runtime_grant(pg_dsn: str, roles) 
     to it."""
     r = roles
     schema = r["schema"]
-    with psycopg.connect(r["owner_dsn"], autocommit=True) as c, c.transaction():
+    with psycopg.connect(r["owner_dsn"], autocommit=True) as c:
         # what migrate() did up to version 4
-        c.execute(render("CREATE SCHEMA __SCHEMA__", schema))
-        c.execute(render("CREATE TABLE __SCHEMA__.schema_migrations (version int PRIMARY KEY, name text NOT NULL,"
-                         " applied_at timestamptz NOT NULL DEFAULT now())", schema))
-        for mig in migrations()[:4]:
-            c.execute(render(mig.text, schema))
-            c.execute(render("INSERT INTO __SCHEMA__.schema_migrations (version, name) VALUES (%s, %s)", schema),
-                      (mig.version, mig.name))
-            if mig.version == 2:
-                c.execute(render("SELECT __SCHEMA__.ring_install(4, 4, 4)", schema))
+        assert migrate_before(c, schema, migrations()[4].name) == 5
         c.execute(render("SELECT __SCHEMA__.runtime_grant(%s)", schema), (r["runtime"],))
     with psycopg.connect(r["rt_dsn"], autocommit=True) as rt:  # version 4: the runtime role could write
         rt.execute(render("UPDATE __SCHEMA__.queue_claim_heads SET claim_seq = claim_seq", schema))
+        # a lane from before the upgrade: its receipt mark (0025) is created by the migration, as the owner
+        rt.execute(render("SELECT __SCHEMA__.job_enqueue('q', 2, 'k', '{}'::jsonb, NULL, 5, NULL)", schema))
     result = migrate(r["owner_dsn"], schema)
     assert (result.from_version, result.to_version) == (4, latest_version())
     _assert_nobody_else_may_execute(pg_dsn, r)
@@ -211,9 +206,11 @@ def test_upgrade_regrants_roles_of_an_earlier_runtime_grant(pg_dsn: str, roles) 
         client.close()
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             rt.execute(render("UPDATE __SCHEMA__.queue_claim_heads SET claim_seq = claim_seq", schema))
-        [snap] = st.lane_claim(rt, "q", 10)  # the claim's row lock still works
+        # the claim's row lock still works, and so does its setval of the migrated lane's mark
+        snaps = st.lane_claim(rt, "q", 10)
+        assert len(snaps) == 2
         with rt.transaction():
-            assert st.receipt_complete(rt, [snap]) == []
+            assert st.receipt_complete(rt, snaps) == []
 
 
 @pytest.mark.parametrize("name", ["public", "information_schema", "pg_catalog", "pg_awa"])
