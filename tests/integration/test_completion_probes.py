@@ -160,10 +160,34 @@ def _ring_reads(conn: psycopg.Connection, schema: str) -> dict[str, int]:
     return {name: int(n) for name, n in rows if n}
 
 
+def _one_producer_per_shard(pg_dsn: str, schema: str, shards: int) -> list[psycopg.Connection]:
+    """``shards`` connections whose backends prefer distinct enqueue shards (backend pid modulo ``shards``).
+
+    Connections opened one after another usually get consecutive pids, not always (a worker the server
+    starts in between takes one): the others are closed.
+    """
+    by_shard: dict[int, psycopg.Connection] = {}
+    spare: list[psycopg.Connection] = []
+    try:
+        for _ in range(16 * shards):
+            if len(by_shard) == shards:
+                return list(by_shard.values())
+            c = connect(pg_dsn, schema, tag=f"producer{len(by_shard)}")
+            shard = c.info.backend_pid % shards
+            if shard in by_shard:
+                spare.append(c)
+            else:
+                by_shard[shard] = c
+        raise AssertionError(f"no backend for some of {shards} shards in {16 * shards} connections")
+    finally:
+        for c in spare:
+            c.close()
+
+
 def test_a_claim_from_a_deep_lane_reads_the_rows_it_takes(pg_dsn, schema, storage, conn):
     """Four lanes, 150 jobs each done, then a backlog of 100 per lane, all analyzed (0024)."""
     storage.queue_configure(conn, Q, enqueue_shards=4)
-    producers = [connect(pg_dsn, schema, tag=f"producer{i}") for i in range(4)]
+    producers = _one_producer_per_shard(pg_dsn, schema, 4)
     try:
         for _ in range(150):
             for p in producers:

@@ -71,7 +71,9 @@ def test_fastapi_enqueues_in_the_request_transaction_and_its_lifespan_worker_run
             signup_id, job_id = r.json()["signup_id"], r.json()["job_id"]
             wait_for(lambda: http.get(f"/signup/{signup_id}").json()["welcomed"], 30, "the welcome job",
                      on_timeout=lambda: log.read_text()[-3000:])
-            assert storage.job_load(conn, job_id)["state"] == "completed"
+            # the handler's row commits before its completion does (the batcher's own transaction)
+            wait_for(lambda: storage.job_load(conn, job_id)["state"] == "completed", 30,
+                     "the welcome job's completion")
 
             refused = http.post("/signup", json={"email": "eve@invalid.example"})
             assert refused.status_code == 422
