@@ -69,7 +69,9 @@ def _conn(dsn: str) -> tuple[Any, Any]:
 
         conn = psycopg.connect(dsn, autocommit=True, application_name="awa_fast:perf")
         use_raw_jsonb(conn)
-        _STATE["conn"] = (Storage(SCHEMA), conn)
+        storage = Storage(SCHEMA)
+        storage.session_index_probes(conn)  # planned as the runtime's batcher session is
+        _STATE["conn"] = (storage, conn)
     return _STATE["conn"]
 
 

@@ -242,6 +242,7 @@ def bench_flush512(loops: int, dsn: str) -> float:
 
     conn = _conn(dsn, "flush")
     storage = Storage(flush512.SCHEMA)
+    storage.session_index_probes(conn)  # planned as the runtime's batcher session is (untimed)
     clock = Clock((conn.info.backend_pid,))
     elapsed = 0.0
     for _ in range(loops):
