@@ -4,7 +4,7 @@
 -- tests/integration/test_schema_snapshot.py fails when it is out of date.
 -- Rings installed with 4 slots each; owners omitted; names in C order.
 
--- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits, 0013_rotation_ledger_truncate, 0014_job_enqueue_v2, 0015_done_receipts, 0016_claim_lane_runs, 0017_key_dlq_retry, 0018_dlq_retry_keys_joined, 0019_ready_job_index_partial, 0020_drain_server_work, 0021_claim_per_receipt_columns, 0022_completion_probes_per_row, 0023_cursor_advance_index_probe, 0024_claim_limit_before_join, 0025_receipt_marks, 0026_cursor_advance_index_only
+-- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits, 0013_rotation_ledger_truncate, 0014_job_enqueue_v2, 0015_done_receipts, 0016_claim_lane_runs, 0017_key_dlq_retry, 0018_dlq_retry_keys_joined, 0019_ready_job_index_partial, 0020_drain_server_work, 0021_claim_per_receipt_columns, 0022_completion_probes_per_row, 0023_cursor_advance_index_probe, 0024_claim_limit_before_join, 0025_receipt_marks, 0026_cursor_advance_index_only, 0027_limit_open_receipts_index_only
 
 
 ---------------------------------------------------------------------------
@@ -3050,6 +3050,7 @@ CREATE OR REPLACE FUNCTION __SCHEMA__.limit_open_receipts(p_queue text, p_open_s
  RETURNS TABLE(claim_slot smallint, claim_id bigint, lane_id integer, seen bigint, open_n integer)
  LANGUAGE sql
  STABLE
+ SET enable_seqscan TO 'off'
 AS $function$
     WITH lanes AS (
         SELECT e.lane_id AS lid, COALESCE(s.seq, 0) AS seen, e.enqueue_seq

@@ -11,7 +11,8 @@ same shape: a sequential scan of the current claim slot once its statistics show
 The worker connections here are set up as the runtime's are (the batcher's without sequential
 scans, ``session_index_probes``; the claimer's cursor lookup the same way, migration 0026): a
 plan made while a slot's statistics are those of an empty table scans it whole once it fills
-(the last tests), which also made the checks above fail now and then.
+(the last tests), which also made the checks above fail now and then. A limited queue's claim
+lists its open receipts by key the same way (``limit_open_receipts``, migration 0027).
 """
 
 from __future__ import annotations
@@ -297,3 +298,42 @@ def test_the_runtime_plans_its_batcher_and_heartbeat_sessions_without_sequential
         for c in (claimer._claim_conn, claimer.batcher._conn, claimer.heartbeat._conn):
             if c is not None:
                 c.close()
+
+
+def _claim_one_limited(storage, conn) -> None:  # noqa: ANN001
+    snaps, _ = storage.lane_claim_limited_result(conn, Q, 64)
+    assert len(snaps) == 1 and storage.receipt_complete_rows(conn, snaps) == []
+
+
+def test_a_limited_claim_at_its_allowance_planned_on_an_empty_ring_still_probes_by_key(pg_dsn, schema, storage,
+                                                                                         conn):
+    """A claim through the queue's limits (lane_claim_limited) reads its open receipts and, when the
+    limit cuts it short, looks for unclaimed rows past each lane's receipts: both by key, also when
+    the claimer planned them while slot 0 had an empty table's statistics."""
+    for table in _CLAIM_RING_SLOT0:
+        sqlx(conn, schema, f"ALTER TABLE __SCHEMA__.{table} SET (autovacuum_enabled = false)")
+        sqlx(conn, schema, f"ANALYZE __SCHEMA__.{table}")
+    storage.queue_limits_set(conn, Q, max_running=1)
+    with _runtime_session(pg_dsn, schema, storage, "claimer") as b:
+
+        def step() -> dict[str, int]:
+            enqueue(schema, conn, Q)
+            enqueue(schema, conn, Q)
+            before = _claim_ring_reads(b, schema)
+            snaps, more = storage.lane_claim_limited_result(b, Q, 64)
+            after = _claim_ring_reads(b, schema)
+            b.commit()
+            assert len(snaps) == 1 and more  # cut short by max_running with a job left: the backlog marker
+            assert storage.receipt_complete_rows(conn, snaps) == []
+            _claim_one_limited(storage, conn)  # the job the limit left
+            return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+
+        step()  # plans the limited claim while slot 0 is empty
+        for _ in range(FILL):  # every claim of the queue goes through its limits, as the runtime's do
+            enqueue(schema, conn, Q)
+            _claim_one_limited(storage, conn)
+        assert sqlx(conn, schema, "SELECT reltuples FROM pg_class WHERE oid = '__SCHEMA__.lease_claims_0'::regclass"
+                    ).fetchone() == (0.0,)
+        reads = step()
+    assert sum(reads.values()) <= 8, reads
+    assert counts(storage, conn, Q) == {"completed": FILL + 4}

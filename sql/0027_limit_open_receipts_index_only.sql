@@ -1,0 +1,32 @@
+-- awa-fast: a limited queue's claim reads its open receipts by key, whatever statistics its plans were made with (issue 16).
+-- compatible-with-previous: yes
+-- Immutable once landed, like every migration.
+--
+-- The problem (0026's, in the flow-control path). A claim through a queue's
+-- limits (lane_claim_limited, 0010) first lists the queue's open receipts
+-- with limit_open_receipts: a primary-key probe of lease_claims and a count
+-- of the receipt's closures for every watched or newly committed receipt.
+-- The limited claim's plans are generic and made once per session; made
+-- while a claim-ring slot had an empty table's statistics (it was just
+-- truncated, and the ring rotates about once a second), each of those
+-- probes is a sequential scan of the slot. Once the slot held 300 receipts,
+-- a limited claim of one job read 604 receipts and 302 closures
+-- (tests/integration/test_completion_probes.py,
+-- test_a_limited_claim_at_its_allowance_planned_on_an_empty_ring_still_probes_by_key;
+-- with 300 receipts to look at, 91,506 receipts and 91,204 closures: the
+-- cost grew with the slot times the receipts watched).
+--
+-- The fix (no body change): limit_open_receipts runs with enable_seqscan
+-- off, as lane_cursor_advance does since 0026. Only this function: the
+-- inner claim keeps sequential scans (its LEFT JOIN to an empty
+-- ready_tombstones partition, see 0026). A function with a SET clause is no
+-- longer inlined into its caller's statement; it runs as its own SQL
+-- function, planned by PostgreSQL's plan cache. Measured on one server,
+-- alternated (a limited claim of one job and its completion, max_running
+-- 1000, 8 blocks of 1,000): 1,620 against 1,590 us of backend CPU per
+-- claim, inside the spread.
+--
+-- Compatibility: the previous runtime calls lane_claim_limited and
+-- queue_limit_status, which call this function, and gets the same results.
+
+ALTER FUNCTION __SCHEMA__.limit_open_receipts(text, smallint[], bigint[], int[], bigint[]) SET enable_seqscan = off;
