@@ -4,7 +4,7 @@
 -- tests/integration/test_schema_snapshot.py fails when it is out of date.
 -- Rings installed with 4 slots each; owners omitted; names in C order.
 
--- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits, 0013_rotation_ledger_truncate, 0014_job_enqueue_v2, 0015_done_receipts, 0016_claim_lane_runs, 0017_key_dlq_retry, 0018_dlq_retry_keys_joined, 0019_ready_job_index_partial, 0020_drain_server_work, 0021_claim_per_receipt_columns, 0022_completion_probes_per_row, 0023_cursor_advance_index_probe, 0024_claim_limit_before_join, 0025_receipt_marks, 0026_cursor_advance_index_only, 0027_limit_open_receipts_index_only
+-- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits, 0013_rotation_ledger_truncate, 0014_job_enqueue_v2, 0015_done_receipts, 0016_claim_lane_runs, 0017_key_dlq_retry, 0018_dlq_retry_keys_joined, 0019_ready_job_index_partial, 0020_drain_server_work, 0021_claim_per_receipt_columns, 0022_completion_probes_per_row, 0023_cursor_advance_index_probe, 0024_claim_limit_before_join, 0025_receipt_marks, 0026_cursor_advance_index_only, 0027_limit_open_receipts_index_only, 0028_cursor_advance_subtransactions
 
 
 ---------------------------------------------------------------------------
@@ -2830,15 +2830,17 @@ CREATE OR REPLACE FUNCTION __SCHEMA__.lane_cursor_advance(p_lane integer, p_clai
 AS $function$
 DECLARE
     v_cur bigint := pg_sequence_last_value(p_claim_seq);
+    v_top bigint := pg_current_xact_id_if_assigned()::text::bigint;  -- NULL: this transaction wrote nothing
     v_rec bigint;
     v_own bigint;
 BEGIN
-    -- Receipts of this very transaction are not committed evidence: a
-    -- rollback would undo them but not the setval. They still move the
-    -- position this transaction claims from (returned), never the sequence.
-    -- Index: lease_claims_lane (lane_id, last_seq); the upper bound holds for
-    -- every row and only makes the planner see a range (see the header).
-    SELECT max(c.last_seq) FILTER (WHERE c.xmin IS DISTINCT FROM pg_current_xact_id_if_assigned()::xid),
+    -- Receipts of this very transaction, savepoints included, are not
+    -- committed evidence: a rollback would undo them but not the setval.
+    -- They still move the position this transaction claims from (returned),
+    -- never the sequence. Index: lease_claims_lane (lane_id, last_seq); the
+    -- upper bound holds for every row and only makes the planner see a
+    -- range (0023).
+    SELECT max(c.last_seq) FILTER (WHERE v_top IS NULL OR NOT __SCHEMA__.xmin_is_own(c.xmin, v_top)),
            max(c.last_seq)
     INTO v_rec, v_own
     FROM __SCHEMA__.lease_claims c
@@ -4527,6 +4529,19 @@ BEGIN
         RETURN p_job;
     END LOOP;
 END $function$;
+
+CREATE OR REPLACE FUNCTION __SCHEMA__.xmin_is_own(p_xmin xid, p_top bigint)
+ RETURNS boolean
+ LANGUAGE sql
+ STABLE
+AS $function$
+    SELECT CASE
+        WHEN (p_xmin::text::bigint - p_top) & 4294967295 >= 2147483648 THEN false
+        WHEN p_top + ((p_xmin::text::bigint - p_top) & 4294967295)
+             >= pg_snapshot_xmax(pg_current_snapshot())::text::bigint THEN true
+        ELSE pg_xact_status((p_top + ((p_xmin::text::bigint - p_top) & 4294967295))::text::xid8) = 'in progress'
+    END
+$function$;
 
 
 ---------------------------------------------------------------------------

@@ -12,6 +12,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from awa_fast.client import PRIORITY_DEFAULT, Client
 from awa_fast.jobs import ClaimSnapshot
 from awa_fast.storage import Storage
@@ -172,6 +174,47 @@ def test_two_claims_in_one_rolled_back_transaction_lose_nothing(pg_dsn, schema, 
     # nothing was claimed: every job must still be claimable, in order
     assert counts(storage, conn, Q) == {"available": 4}
     assert [s.job_id for s in claim(storage, conn, Q, 10)] == jobs
+
+
+@pytest.mark.parametrize("first", ["released", "open", "open, repeatable read"])
+def test_claims_in_savepoints_of_a_rolled_back_transaction_lose_nothing(pg_dsn, schema, storage, conn, first):
+    """A receipt written inside a savepoint belongs to a subtransaction (its own xmin): still this
+    transaction's, never committed evidence that may move the cursor past it (migration 0028)."""
+    jobs = [enqueue(schema, conn, Q, {"i": i}) for i in range(4)]
+    with connect(pg_dsn, schema, autocommit=False, tag="claimer") as c:
+        if first.endswith("repeatable read"):
+            c.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        c.execute("SAVEPOINT first_claim")
+        a = storage.lane_claim(c, Q, 1)
+        if first == "released":
+            c.execute("RELEASE SAVEPOINT first_claim")
+        b = storage.lane_claim(c, Q, 1)
+        assert [s.job_id for s in a + b] == jobs[:2]
+        c.rollback()
+    assert counts(storage, conn, Q) == {"available": 4}
+    assert [s.job_id for s in claim(storage, conn, Q, 10)] == jobs
+
+
+@pytest.mark.parametrize("other", ["older", "newer"])
+def test_a_writing_transaction_moves_the_cursor_across_other_transactions_receipts(pg_dsn, schema, storage, conn,
+                                                                                    other):
+    """A claim inside a transaction that already has an id still takes another transaction's committed
+    receipt as evidence, whether that transaction's id is older or newer than its own (0028)."""
+    jobs = [enqueue(schema, conn, Q, {"i": i}) for i in range(4)]
+    with connect(pg_dsn, schema, autocommit=False, tag="claimer") as c:
+        if other == "older":
+            first = claim(storage, conn, Q, 1)  # committed, by a transaction older than c's
+            c.execute("SELECT pg_current_xact_id()")  # c now has an id
+        else:
+            c.execute("SELECT pg_current_xact_id()")
+            first = claim(storage, conn, Q, 1)  # committed, by a transaction newer than c's
+        lane = first[0].lane_id
+        assert claim_seq_value(conn, schema, lane) == 0  # the cursor lags its last receipt by one claim
+        mine = storage.lane_claim(c, Q, 1)
+        assert claim_seq_value(conn, schema, lane) == first[0].lane_seq  # moved across the committed receipt
+        assert [s.job_id for s in first + mine] == jobs[:2]
+        c.rollback()
+    assert [s.job_id for s in claim(storage, conn, Q, 10)] == jobs[1:]
 
 
 def test_claim_in_a_transaction_counts_after_commit(pg_dsn, schema, storage, conn):
