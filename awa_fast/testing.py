@@ -143,6 +143,7 @@ class _Inline:
         self.storage = app.storage
         self.conn = connect(app.resolve_dsn(), application_name=f"awa_fast:testing:{app.storage.schema}")
         use_raw_jsonb(self.conn)
+        app.storage.session_read_committed(self.conn)  # its claims, whatever the server's default
         self.stateful: set[tuple[int, int]] = set()
 
     def close(self) -> None:

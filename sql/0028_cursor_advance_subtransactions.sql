@@ -1,4 +1,4 @@
--- awa-fast: a receipt written inside a savepoint is this transaction's own, never committed evidence for the lane cursor.
+-- awa-fast: the lane cursor moves only across other transactions' committed receipts: a savepoint's receipt is its transaction's own, and claims run only at READ COMMITTED.
 -- compatible-with-previous: yes
 -- Immutable once landed, like every migration.
 --
@@ -28,10 +28,29 @@
 -- receipt's xmin is at most 2^31 ahead of it; a row behind it was written
 -- by an older, committed transaction (xmin_is_own below). It runs only
 -- for the lane's receipts past the cursor (usually one: the claim before),
--- and only in a transaction that has written something.
+-- and only in a transaction with an id (a claim has one: it locked the
+-- lane's claim head).
+--
+-- The second problem (a review of the first fix): under REPEATABLE READ
+-- or SERIALIZABLE a claim reads the receipts of its transaction's
+-- snapshot, taken before it locked the lane's claim head. A claimer that
+-- committed a receipt in between is invisible to it, and the cursor lags
+-- the last receipt by one claim, so it claimed the same rows again: two
+-- claimers, one job (an autocommit claim counts: a one-statement
+-- transaction at those levels uses the snapshot of its start, and a
+-- server or role whose default_transaction_isolation is repeatable read
+-- makes every session's claims run so). job_cancel, the other caller
+-- outside prune, could likewise tombstone a job another claimer had just
+-- taken. The row lock on the claim head raises no serialization error:
+-- nobody updates that row. So lane_cursor_advance now refuses to run at
+-- any level but READ COMMITTED (feature_not_supported, with a hint), before
+-- it reads or writes anything; the runtime sets its sessions' default to
+-- read committed (Storage.session_read_committed), whatever the server's.
 --
 -- Compatibility: the previous runtime calls lane_cursor_advance (through
--- the claim functions) and gets the same results.
+-- the claim functions) and gets the same results at READ COMMITTED, the
+-- level it runs at unless the server's default says otherwise; there the
+-- claim now fails instead of issuing a job twice.
 
 CREATE OR REPLACE FUNCTION __SCHEMA__.lane_cursor_advance(p_lane int, p_claim_seq regclass) RETURNS bigint
 LANGUAGE plpgsql
@@ -44,6 +63,15 @@ DECLARE
     v_rec bigint;
     v_own bigint;
 BEGIN
+    -- Only READ COMMITTED sees the receipts committed before the caller
+    -- locked the lane's claim head (the header says why).
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'awa-fast claims and cancels need READ COMMITTED isolation; this transaction runs at %',
+            current_setting('transaction_isolation')
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'Run it in a READ COMMITTED transaction, or SET default_transaction_isolation TO '
+                         '''read committed'' for the session.';
+    END IF;
     -- Receipts of this very transaction, savepoints included, are not
     -- committed evidence: a rollback would undo them but not the setval.
     -- They still move the position this transaction claims from (returned),
@@ -72,8 +100,11 @@ END $$;
 -- never sees an id from the future there (that would be an error). A row
 -- frozen long ago whose raw xmin wraps into that window can only be taken
 -- for an own row: the safe side (the cursor is not moved across it).
+-- VOLATILE because pg_xact_status is: a SQL function may only be inlined
+-- into its caller's statement when it calls nothing more volatile than it
+-- is declared (inlined, it costs no call per row).
 CREATE FUNCTION __SCHEMA__.xmin_is_own(p_xmin xid, p_top bigint) RETURNS boolean
-LANGUAGE sql STABLE AS $$
+LANGUAGE sql VOLATILE AS $$
     SELECT CASE
         WHEN (p_xmin::text::bigint - p_top) & 4294967295 >= 2147483648 THEN false
         WHEN p_top + ((p_xmin::text::bigint - p_top) & 4294967295)

@@ -670,6 +670,17 @@ SELECT queue, key_max_running, waiting, keys_waiting, admitted FROM __SCHEMA__.q
 -- The database's wall clock in epoch seconds (the claimer's latency metrics correct for clock skew with it).
 SELECT extract(epoch FROM clock_timestamp())::float8
 
+-- name: session_read_committed
+-- The runtime's sessions run at READ COMMITTED whatever the server's or the role's default: a claim, a cancel
+-- and prune's cursor advance must see receipts committed up to the moment they lock a lane's claim head, and
+-- lane_cursor_advance refuses any other level (migration 0028).
+SET default_transaction_isolation TO 'read committed'
+
+-- name: transaction_read_committed
+-- The first statement of a cancel run as its own transaction (Storage.job_cancel): READ COMMITTED whatever the
+-- session's default (migration 0028).
+SET TRANSACTION ISOLATION LEVEL READ COMMITTED
+
 -- name: session_utc
 -- Report timestamptz results of this session in UTC: psycopg then builds each created_at of a claim without a
 -- zone lookup (~0.2 against ~0.65 us a row under 'Etc/UTC'). Instants are unchanged; no claim SQL reads TimeZone.

@@ -2834,6 +2834,15 @@ DECLARE
     v_rec bigint;
     v_own bigint;
 BEGIN
+    -- Only READ COMMITTED sees the receipts committed before the caller
+    -- locked the lane's claim head (the header says why).
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'awa-fast claims and cancels need READ COMMITTED isolation; this transaction runs at %',
+            current_setting('transaction_isolation')
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'Run it in a READ COMMITTED transaction, or SET default_transaction_isolation TO '
+                         '''read committed'' for the session.';
+    END IF;
     -- Receipts of this very transaction, savepoints included, are not
     -- committed evidence: a rollback would undo them but not the setval.
     -- They still move the position this transaction claims from (returned),
@@ -4533,7 +4542,6 @@ END $function$;
 CREATE OR REPLACE FUNCTION __SCHEMA__.xmin_is_own(p_xmin xid, p_top bigint)
  RETURNS boolean
  LANGUAGE sql
- STABLE
 AS $function$
     SELECT CASE
         WHEN (p_xmin::text::bigint - p_top) & 4294967295 >= 2147483648 THEN false

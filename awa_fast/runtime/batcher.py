@@ -199,6 +199,7 @@ class CompletionBatcher:
             self._conn = connect(self.config.dsn, application_name=self.config.application_name,
                                  connection_class=PoolConnection)
             self.storage.session_index_probes(self._conn)  # plans that stay index probes as slots fill
+            self.storage.session_read_committed(self._conn)
         return self._conn
 
     def _flush_with_retry(self, batch: list[Closed]) -> None:

@@ -294,6 +294,7 @@ class Claimer:
             # Snapshots' created_at in UTC: psycopg's loader skips the zone conversion it does
             # for a named zone ('Etc/UTC', 'Europe/Paris', ...), ~0.45 us of every claimed job.
             self.storage.session_utc(self._claim_conn)
+            self.storage.session_read_committed(self._claim_conn)  # claims see receipts committed until they lock
             self._measure_clock_offset()
             # Claims commit durably (synchronous_commit stays on). A claim lost
             # in a crash would be issued again under the same run_lease, and the

@@ -178,6 +178,7 @@ class Heartbeat:
         if self._conn is None or self._conn.closed:
             self._conn = connect(self.config.dsn, application_name=self.config.application_name)
             self.storage.session_index_probes(self._conn)  # plans that stay index probes as slots fill
+            self.storage.session_read_committed(self._conn)
         return self.storage.attempt_heartbeat(self._conn, [j.snapshot for j in jobs], progress)
 
     def _connection_lost(self, exc: psycopg.Error) -> bool:

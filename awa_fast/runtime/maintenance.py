@@ -83,6 +83,7 @@ class Maintenance:
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = connect(self.config.dsn, application_name=f"awa_fast:maintenance:{self.config.schema}")
+                self.storage.session_read_committed(self._conn)  # prune's cursor advance (migration 0028)
             won = self.storage.leader_lock_try(self._conn)
         except (psycopg.Error, DatabaseUnavailable) as exc:
             log.warning("leader election failed: %s", exc, extra={"action": "election_error"})

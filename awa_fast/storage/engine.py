@@ -552,8 +552,18 @@ class Storage(KeyLimitQueries, SessionQueries):
         return str(row[0])
 
     def job_cancel(self, conn: psycopg.Connection, job_id: int) -> str:
-        """Cancel a job: ``cancelled``, ``cancel_requested``, ``terminal`` or ``unknown``."""
-        row = conn.execute(self.q["job_cancel"], (job_id,)).fetchone()
+        """Cancel a job: ``cancelled``, ``cancel_requested``, ``terminal`` or ``unknown``.
+
+        On an idle autocommit connection the cancel is its own READ COMMITTED transaction, whatever
+        the session's default; inside the caller's transaction that must be READ COMMITTED
+        (``lane_cursor_advance`` refuses other levels with ``FeatureNotSupported``, migration 0028).
+        """
+        if conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+            with conn.transaction():
+                conn.execute(self.q["transaction_read_committed"])
+                row = conn.execute(self.q["job_cancel"], (job_id,)).fetchone()
+        else:
+            row = conn.execute(self.q["job_cancel"], (job_id,)).fetchone()
         assert row is not None
         return str(row[0])
 
@@ -883,6 +893,10 @@ class Storage(KeyLimitQueries, SessionQueries):
 
     async def job_cancel_async(self, conn: psycopg.AsyncConnection, job_id: int) -> str:
         """Async twin of :meth:`job_cancel`."""
+        if conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+            async with conn.transaction():
+                await conn.execute(self.q["transaction_read_committed"])
+                return await self._run_one_async(conn, _Stmt("job_cancel", (job_id,), _first_text))
         return await self._run_one_async(conn, _Stmt("job_cancel", (job_id,), _first_text))
 
     async def callback_resolve_async(self, conn: psycopg.AsyncConnection, token: uuid.UUID | str, action: str,

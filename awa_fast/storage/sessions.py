@@ -30,6 +30,14 @@ class SessionQueries:
         """Make ``conn`` report timestamptz values in UTC (the same instants, the cheapest ``datetime`` to build)."""
         conn.execute(self.q["session_utc"])
 
+    def session_read_committed(self, conn: psycopg.Connection) -> None:
+        """Make ``conn``'s transactions READ COMMITTED, whatever the server's default: every runtime session.
+
+        Claims, cancels and prune's cursor advance must see receipts committed until they lock a lane's
+        claim head; at another level ``lane_cursor_advance`` raises (migration 0028).
+        """
+        conn.execute(self.q["session_read_committed"])
+
     def session_index_probes(self, conn: psycopg.Connection) -> None:
         """Plan ``conn``'s statements without sequential scans: the batcher's and the heartbeat's session.
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import time
 
+import psycopg
 import pytest
 
 from awa_fast.client import PRIORITY_DEFAULT, Client
@@ -176,23 +177,89 @@ def test_two_claims_in_one_rolled_back_transaction_lose_nothing(pg_dsn, schema, 
     assert [s.job_id for s in claim(storage, conn, Q, 10)] == jobs
 
 
-@pytest.mark.parametrize("first", ["released", "open", "open, repeatable read"])
+@pytest.mark.parametrize("first", ["released", "open", "nested"])
 def test_claims_in_savepoints_of_a_rolled_back_transaction_lose_nothing(pg_dsn, schema, storage, conn, first):
     """A receipt written inside a savepoint belongs to a subtransaction (its own xmin): still this
     transaction's, never committed evidence that may move the cursor past it (migration 0028)."""
     jobs = [enqueue(schema, conn, Q, {"i": i}) for i in range(4)]
     with connect(pg_dsn, schema, autocommit=False, tag="claimer") as c:
-        if first.endswith("repeatable read"):
-            c.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         c.execute("SAVEPOINT first_claim")
         a = storage.lane_claim(c, Q, 1)
         if first == "released":
             c.execute("RELEASE SAVEPOINT first_claim")
+        elif first == "nested":
+            c.execute("SAVEPOINT second_claim")  # the first receipt's savepoint is open, a deeper one active
         b = storage.lane_claim(c, Q, 1)
         assert [s.job_id for s in a + b] == jobs[:2]
         c.rollback()
     assert counts(storage, conn, Q) == {"available": 4}
     assert [s.job_id for s in claim(storage, conn, Q, 10)] == jobs
+
+
+@pytest.mark.parametrize("level", ["REPEATABLE READ", "SERIALIZABLE"])
+def test_a_claim_or_cancel_at_another_isolation_level_is_refused(pg_dsn, schema, storage, conn, level):
+    """At these levels a claim reads the receipts of a snapshot older than its lock on the lane: a receipt
+    committed in between is invisible, and the claim issued its jobs again (migration 0028 refuses it)."""
+    jobs = [enqueue(schema, conn, Q, {"i": i}) for i in range(4)]
+    with connect(pg_dsn, schema, autocommit=False, tag="claimer") as c:
+        c.execute(f"SET TRANSACTION ISOLATION LEVEL {level}")
+        c.execute("SELECT 1")  # the snapshot is taken here
+        first = claim(storage, conn, Q, 1)  # another claimer commits a receipt afterwards
+        with pytest.raises(psycopg.errors.FeatureNotSupported, match="need READ COMMITTED isolation") as e:
+            storage.lane_claim(c, Q, 1)
+        assert e.value.diag.message_hint is not None and "read committed" in e.value.diag.message_hint
+        c.rollback()
+        c.execute(f"SET TRANSACTION ISOLATION LEVEL {level}")
+        with pytest.raises(psycopg.errors.FeatureNotSupported):
+            storage.job_cancel(c, jobs[1])
+        c.rollback()
+    assert [s.job_id for s in first + claim(storage, conn, Q, 10)] == jobs  # each job issued once
+
+
+def test_a_cancel_on_its_own_runs_read_committed_whatever_the_sessions_default(pg_dsn, schema, storage, conn):
+    """Storage.job_cancel (App.cancel, the CLI, the dashboard) on an idle autocommit connection is its own
+    READ COMMITTED transaction, so a session whose default is REPEATABLE READ can still cancel."""
+    import asyncio
+
+    rr_dsn = pg_dsn + r" options='-c default_transaction_isolation=repeatable\\ read'"  # libpq: '\\ ' a space
+    jobs = [enqueue(schema, conn, Q, {"i": i}) for i in range(3)]
+    with psycopg.connect(rr_dsn, autocommit=True) as c:
+        assert storage.job_cancel(c, jobs[0]) == "cancelled"
+        assert c.execute("SHOW transaction_isolation").fetchone() == ("repeatable read",)  # the session's own
+
+    async def cancel_async() -> str:
+        async with await psycopg.AsyncConnection.connect(rr_dsn, autocommit=True) as ac:
+            return await storage.job_cancel_async(ac, jobs[1])
+
+    assert asyncio.run(cancel_async()) == "cancelled"
+    assert [s.job_id for s in claim(storage, conn, Q, 10)] == jobs[2:]
+
+
+def test_runtime_sessions_run_read_committed_whatever_the_servers_default(pg_dsn, schema, storage, conn):
+    """A server or role whose default is REPEATABLE READ: the runtime's sessions set their own, so claims,
+    completions and prune work there (the claim refuses other levels, migration 0028)."""
+    from awa_fast.runtime.claimer import Claimer, ClaimerConfig
+    from awa_fast.runtime.maintenance import Maintenance, MaintenanceConfig
+
+    rr_dsn = pg_dsn + r" options='-c default_transaction_isolation=repeatable\\ read'"  # libpq: '\\ ' a space
+    with psycopg.connect(rr_dsn) as probe:
+        assert probe.execute("SHOW transaction_isolation").fetchone() == ("repeatable read",)
+    claimer = Claimer(ClaimerConfig(rr_dsn, schema, Q), {}, watch_parent=False)
+    maintenance = Maintenance(MaintenanceConfig(rr_dsn, schema))
+    try:
+        assert claimer.heartbeat._send([], []) == []  # opens the heartbeat's connection
+        assert maintenance.try_lead()
+        sessions = {"claim": claimer._claim_connection(), "batcher": claimer.batcher._connection(),
+                    "heartbeat": claimer.heartbeat._conn, "maintenance": maintenance._conn}
+        assert {name: c.execute("SHOW transaction_isolation").fetchone() for name, c in sessions.items()} == {
+            name: ("read committed",) for name in sessions}
+        job = enqueue(schema, conn, Q)
+        snaps, _ = storage.lane_claim_result(sessions["claim"], Q, 8)
+        assert [s.job_id for s in snaps] == [job]
+    finally:
+        for c in (claimer._claim_conn, claimer.batcher._conn, claimer.heartbeat._conn, maintenance._conn):
+            if c is not None:
+                c.close()
 
 
 @pytest.mark.parametrize("other", ["older", "newer"])

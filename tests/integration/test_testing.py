@@ -113,6 +113,14 @@ def test_work_one_runs_exactly_the_job_it_enqueued(pg_dsn, schema, storage, conn
     app.close()
 
 
+def test_drain_claims_at_read_committed_on_a_server_whose_default_is_repeatable_read(pg_dsn, schema):
+    """The claim refuses REPEATABLE READ (migration 0028): the inline claimer sets its session's level."""
+    app = _app(pg_dsn + r" options='-c default_transaction_isolation=repeatable\\ read'", schema)
+    app.enqueue("ok", {"i": 1})
+    assert [(r.kind, r.outcome) for r in drain(app, "t")] == [("ok", "completed")]
+    app.close()
+
+
 def test_enqueue_assertions_read_what_a_connection_sees(pg_dsn, schema):
     app = _app(pg_dsn, schema)
     app.enqueue("ok", {"to": "a@example.com", "n": 1})
