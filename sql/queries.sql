@@ -673,8 +673,10 @@ SELECT extract(epoch FROM clock_timestamp())::float8
 -- name: session_read_committed
 -- The runtime's sessions run at READ COMMITTED whatever the server's or the role's default: a claim, a cancel
 -- and prune's cursor advance must see receipts committed up to the moment they lock a lane's claim head, and
--- lane_cursor_advance refuses any other level (migration 0028).
-SET default_transaction_isolation TO 'read committed'
+-- lane_cursor_advance refuses any other level (migration 0028). A no-op where that is the default already (the usual
+-- case), so nothing is left on a server connection a transaction pooler shares (docs/security.md, poolers).
+SELECT set_config('default_transaction_isolation', 'read committed', false)
+WHERE current_setting('default_transaction_isolation') <> 'read committed'
 
 -- name: transaction_read_committed
 -- The first statement of a cancel run as its own transaction (Storage.job_cancel): READ COMMITTED whatever the

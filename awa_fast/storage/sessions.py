@@ -34,7 +34,8 @@ class SessionQueries:
         """Make ``conn``'s transactions READ COMMITTED, whatever the server's default: every runtime session.
 
         Claims, cancels and prune's cursor advance must see receipts committed until they lock a lane's
-        claim head; at another level ``lane_cursor_advance`` raises (migration 0028).
+        claim head; at another level ``lane_cursor_advance`` raises (migration 0028). Sets nothing where
+        read committed is the session's default already.
         """
         conn.execute(self.q["session_read_committed"])
 

@@ -235,6 +235,19 @@ def test_a_cancel_on_its_own_runs_read_committed_whatever_the_sessions_default(p
     assert [s.job_id for s in claim(storage, conn, Q, 10)] == jobs[2:]
 
 
+def test_setting_read_committed_leaves_a_session_with_that_default_untouched(pg_dsn, schema, storage):
+    """Where read committed is the default already nothing is set, so nothing stays on a server connection
+    a transaction pooler hands to another client next (docs/security.md); elsewhere the session's own."""
+    rr_dsn = pg_dsn + r" options='-c default_transaction_isolation=repeatable\\ read'"  # libpq: '\\ ' a space
+    source = "SELECT source FROM pg_settings WHERE name = 'default_transaction_isolation'"
+    with psycopg.connect(pg_dsn, autocommit=True) as plain, psycopg.connect(rr_dsn, autocommit=True) as rr:
+        for c in (plain, rr):
+            storage.session_read_committed(c)
+        assert plain.execute(source).fetchone() == ("default",)
+        assert rr.execute(source).fetchone() == ("session",)
+        assert rr.execute("SHOW transaction_isolation").fetchone() == ("read committed",)
+
+
 def test_runtime_sessions_run_read_committed_whatever_the_servers_default(pg_dsn, schema, storage, conn):
     """A server or role whose default is REPEATABLE READ: the runtime's sessions set their own, so claims,
     completions and prune work there (the claim refuses other levels, migration 0028)."""
