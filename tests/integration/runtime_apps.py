@@ -100,8 +100,16 @@ def wedge_claimer(job: Any) -> None:
 
 @app.job("rt.sleep", queue=QUEUE)
 def sync_sleep(job: Any) -> None:
-    """Sleeps ``args["ms"]`` (default 5) milliseconds; logs start and end."""
+    """Sleeps ``args["ms"]`` (default 5) milliseconds; logs start and end.
+
+    With ``args["until"]`` (a path) it first waits, at most 60 s, for that file to exist: the test
+    that creates it decides when the handler goes on, whatever the machine's speed.
+    """
     record(job, "start")
+    gate = job.args.get("until")
+    deadline = time.monotonic() + 60.0
+    while gate and not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.01)  # another process creates the file: nothing here to wait on but its appearance
     time.sleep(float(job.args.get("ms", 5)) / 1000.0)
     record(job)
 
