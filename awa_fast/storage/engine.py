@@ -72,6 +72,12 @@ def _direct_statement(query: str) -> tuple[bytes, bytes]:
     return b"awa_fast_" + hashlib.blake2b(sql, digest_size=8).hexdigest().encode(), sql
 
 
+
+def _idle_autocommit(conn: psycopg.Connection | psycopg.AsyncConnection) -> bool:
+    """Whether a call on ``conn`` would be its own transaction: autocommit, and none open."""
+    return conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
 class Storage(KeyLimitQueries, SessionQueries):
     """All SQL of one awa-fast schema. Stateless apart from its rendered queries."""
 
@@ -558,7 +564,7 @@ class Storage(KeyLimitQueries, SessionQueries):
         the session's default; inside the caller's transaction that must be READ COMMITTED
         (``lane_cursor_advance`` refuses other levels with ``FeatureNotSupported``, migration 0028).
         """
-        if conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+        if _idle_autocommit(conn):
             with conn.transaction():
                 conn.execute(self.q["transaction_read_committed"])
                 row = conn.execute(self.q["job_cancel"], (job_id,)).fetchone()
@@ -893,7 +899,7 @@ class Storage(KeyLimitQueries, SessionQueries):
 
     async def job_cancel_async(self, conn: psycopg.AsyncConnection, job_id: int) -> str:
         """Async twin of :meth:`job_cancel`."""
-        if conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+        if _idle_autocommit(conn):
             async with conn.transaction():
                 await conn.execute(self.q["transaction_read_committed"])
                 return await self._run_one_async(conn, _Stmt("job_cancel", (job_id,), _first_text))

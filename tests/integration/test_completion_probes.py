@@ -21,7 +21,7 @@ import msgspec
 import psycopg
 import pytest
 
-from tests.fixtures.database import connect, sqlx
+from tests.fixtures.database import connect, scalar, sqlx
 from tests.integration.storage_helpers import claim, counts, enqueue
 
 pytestmark = pytest.mark.integration
@@ -223,6 +223,28 @@ def test_a_claim_from_a_deep_lane_reads_the_rows_it_takes(pg_dsn, schema, storag
 _CLAIM_RING_SLOT0 = ("lease_claims_0", "lease_claim_closures_0", "lease_claim_closure_batches_0")
 
 
+def _slot0_with_empty_statistics(conn: psycopg.Connection, schema: str) -> None:
+    """Claim slot 0 keeps an empty table's statistics: taken now, autovacuum off so no ANALYZE replaces them."""
+    for table in _CLAIM_RING_SLOT0:
+        sqlx(conn, schema, f"ALTER TABLE __SCHEMA__.{table} SET (autovacuum_enabled = false)")
+        sqlx(conn, schema, f"ANALYZE __SCHEMA__.{table}")  # empty: 0 rows, 0 pages
+
+
+def _slot0_reltuples(conn: psycopg.Connection, schema: str) -> float:
+    return float(scalar(conn, schema,
+                        "SELECT reltuples FROM pg_class WHERE oid = '__SCHEMA__.lease_claims_0'::regclass"))
+
+
+def completed_receipts(storage, schema: str, conn: psycopg.Connection, n: int = FILL) -> list:  # noqa: ANN001
+    """``n`` receipts of one job each in the queue's lane, all completed; their snapshots."""
+    for _ in range(n):
+        enqueue(schema, conn, Q)
+    snaps = [claim(storage, conn, Q, 1)[0] for _ in range(n)]
+    for snap in snaps:
+        assert storage.receipt_complete_rows(conn, [snap]) == []
+    return snaps
+
+
 def _complete_quiet(storage, b, snap):  # noqa: ANN001, ANN202
     return storage.receipt_complete_rows(b, [snap])
 
@@ -245,9 +267,7 @@ def test_a_backend_that_planned_on_an_empty_ring_still_probes_by_key(pg_dsn, sch
     (statistics of an empty table): those plans must still read a few index entries once the slot is
     full. Autovacuum is off on slot 0 here, so no ANALYZE replans them in between. With two lanes
     the claim also orders the lanes by their receipts past the cursor (claim_batch_v4)."""
-    for table in _CLAIM_RING_SLOT0:
-        sqlx(conn, schema, f"ALTER TABLE __SCHEMA__.{table} SET (autovacuum_enabled = false)")
-        sqlx(conn, schema, f"ANALYZE __SCHEMA__.{table}")  # empty: 0 rows, 0 pages
+    _slot0_with_empty_statistics(conn, schema)
     claiming = path.startswith("claim")
     lanes = 2 if path == "claim, two lanes" else 1
     with _runtime_session(pg_dsn, schema, storage, "claimer" if claiming else "batcher") as b:
@@ -272,12 +292,8 @@ def test_a_backend_that_planned_on_an_empty_ring_still_probes_by_key(pg_dsn, sch
             return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
 
         step()  # plans every statement of the path while slot 0 is empty
-        for _ in range(FILL):  # FILL receipts of one job each in slot 0, all completed, none analyzed
-            enqueue(schema, conn, Q)
-        for snap in [claim(storage, conn, Q, 1)[0] for _ in range(FILL)]:
-            assert storage.receipt_complete_rows(conn, [snap]) == []
-        assert sqlx(conn, schema, "SELECT reltuples FROM pg_class WHERE oid = '__SCHEMA__.lease_claims_0'::regclass"
-                    ).fetchone() == (0.0,)  # still the empty slot's statistics
+        completed_receipts(storage, schema, conn)  # in slot 0, none analyzed
+        assert _slot0_reltuples(conn, schema) == 0.0  # still the empty slot's statistics
         reads = step()
     assert sum(reads.values()) <= 4 * lanes, reads
     assert counts(storage, conn, Q) == {"completed": FILL + 2 * lanes}
@@ -310,9 +326,7 @@ def test_a_limited_claim_at_its_allowance_planned_on_an_empty_ring_still_probes_
     """A claim through the queue's limits (lane_claim_limited) reads its open receipts and, when the
     limit cuts it short, looks for unclaimed rows past each lane's receipts: both by key, also when
     the claimer planned them while slot 0 had an empty table's statistics."""
-    for table in _CLAIM_RING_SLOT0:
-        sqlx(conn, schema, f"ALTER TABLE __SCHEMA__.{table} SET (autovacuum_enabled = false)")
-        sqlx(conn, schema, f"ANALYZE __SCHEMA__.{table}")
+    _slot0_with_empty_statistics(conn, schema)
     storage.queue_limits_set(conn, Q, max_running=1)
     with _runtime_session(pg_dsn, schema, storage, "claimer") as b:
 
@@ -332,8 +346,7 @@ def test_a_limited_claim_at_its_allowance_planned_on_an_empty_ring_still_probes_
         for _ in range(FILL):  # every claim of the queue goes through its limits, as the runtime's do
             enqueue(schema, conn, Q)
             _claim_one_limited(storage, conn)
-        assert sqlx(conn, schema, "SELECT reltuples FROM pg_class WHERE oid = '__SCHEMA__.lease_claims_0'::regclass"
-                    ).fetchone() == (0.0,)
+        assert _slot0_reltuples(conn, schema) == 0.0
         reads = step()
     assert sum(reads.values()) <= 8, reads
     assert counts(storage, conn, Q) == {"completed": FILL + 4}

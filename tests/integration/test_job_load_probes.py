@@ -12,7 +12,13 @@ import pytest
 
 from tests.fixtures.database import connect, sqlx
 from tests.integration.storage_helpers import claim, enqueue
-from tests.integration.test_completion_probes import _CLAIM_RING_SLOT0, FILL, Q, _claim_ring_reads
+from tests.integration.test_completion_probes import (
+    Q,
+    _claim_ring_reads,
+    _slot0_reltuples,
+    _slot0_with_empty_statistics,
+    completed_receipts,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -26,31 +32,18 @@ def _load_reads(storage, a: psycopg.Connection, schema: str, job_id: int) -> tup
     return state, {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
 
 
-def _fill(storage, schema: str, conn: psycopg.Connection) -> list:  # noqa: ANN001
-    """FILL receipts of one job each in the queue's lane, all completed."""
-    for _ in range(FILL):
-        enqueue(schema, conn, Q)
-    snaps = [claim(storage, conn, Q, 1)[0] for _ in range(FILL)]
-    for snap in snaps:
-        assert storage.receipt_complete_rows(conn, [snap]) == []
-    return snaps
-
-
 def test_a_load_planned_on_an_empty_claim_slot_still_probes_by_key(pg_dsn, schema, storage, conn):
     """A pooled connection plans job_load while claim slot 0 has an empty table's statistics; once the
     slot holds FILL receipts, loading a running job must still read a few index entries."""
-    for table in _CLAIM_RING_SLOT0:
-        sqlx(conn, schema, f"ALTER TABLE __SCHEMA__.{table} SET (autovacuum_enabled = false)")
-        sqlx(conn, schema, f"ANALYZE __SCHEMA__.{table}")
+    _slot0_with_empty_statistics(conn, schema)
     with connect(pg_dsn, schema, tag="app") as a:
         for _ in range(7):  # past PostgreSQL's five custom plans: the generic plan is made now
             enqueue(schema, conn, Q)
             running = claim(storage, conn, Q, 1)[0]
             assert _load_reads(storage, a, schema, running.job_id)[0] == "running"
             assert storage.receipt_complete_rows(conn, [running]) == []
-        _fill(storage, schema, conn)
-        assert sqlx(conn, schema, "SELECT reltuples FROM pg_class WHERE oid = '__SCHEMA__.lease_claims_0'::regclass"
-                    ).fetchone() == (0.0,)  # still the empty slot's statistics
+        completed_receipts(storage, schema, conn)
+        assert _slot0_reltuples(conn, schema) == 0.0  # still the empty slot's statistics
         enqueue(schema, conn, Q)
         running = claim(storage, conn, Q, 1)[0]
         state, reads = _load_reads(storage, a, schema, running.job_id)
@@ -63,7 +56,7 @@ def test_a_running_job_is_found_without_reading_the_receipts_after_it(pg_dsn, sc
     receipt of the lane that follows it; the other states still come out right."""
     enqueue(schema, conn, Q)
     running = claim(storage, conn, Q, 1)[0]
-    later = _fill(storage, schema, conn)
+    later = completed_receipts(storage, schema, conn)
     assert {s.lane_id for s in later} == {running.lane_id}  # one lane: FILL receipts after the running job's
     available = enqueue(schema, conn, Q)
     sqlx(conn, schema, "ANALYZE")

@@ -18,7 +18,7 @@ import pytest
 from awa_fast.client import PRIORITY_DEFAULT, Client
 from awa_fast.jobs import ClaimSnapshot
 from awa_fast.storage import Storage
-from tests.fixtures.database import connect, sqlx
+from tests.fixtures.database import connect, repeatable_read_dsn, sqlx
 from tests.integration.storage_helpers import (
     DONE_ALL,
     claim,
@@ -221,7 +221,7 @@ def test_a_cancel_on_its_own_runs_read_committed_whatever_the_sessions_default(p
     READ COMMITTED transaction, so a session whose default is REPEATABLE READ can still cancel."""
     import asyncio
 
-    rr_dsn = pg_dsn + r" options='-c default_transaction_isolation=repeatable\\ read'"  # libpq: '\\ ' a space
+    rr_dsn = repeatable_read_dsn(pg_dsn)
     jobs = [enqueue(schema, conn, Q, {"i": i}) for i in range(3)]
     with psycopg.connect(rr_dsn, autocommit=True) as c:
         assert storage.job_cancel(c, jobs[0]) == "cancelled"
@@ -238,7 +238,7 @@ def test_a_cancel_on_its_own_runs_read_committed_whatever_the_sessions_default(p
 def test_setting_read_committed_leaves_a_session_with_that_default_untouched(pg_dsn, schema, storage):
     """Where read committed is the default already nothing is set, so nothing stays on a server connection
     a transaction pooler hands to another client next (docs/security.md); elsewhere the session's own."""
-    rr_dsn = pg_dsn + r" options='-c default_transaction_isolation=repeatable\\ read'"  # libpq: '\\ ' a space
+    rr_dsn = repeatable_read_dsn(pg_dsn)
     source = "SELECT source FROM pg_settings WHERE name = 'default_transaction_isolation'"
     with psycopg.connect(pg_dsn, autocommit=True) as plain, psycopg.connect(rr_dsn, autocommit=True) as rr:
         for c in (plain, rr):
@@ -254,7 +254,7 @@ def test_runtime_sessions_run_read_committed_whatever_the_servers_default(pg_dsn
     from awa_fast.runtime.claimer import Claimer, ClaimerConfig
     from awa_fast.runtime.maintenance import Maintenance, MaintenanceConfig
 
-    rr_dsn = pg_dsn + r" options='-c default_transaction_isolation=repeatable\\ read'"  # libpq: '\\ ' a space
+    rr_dsn = repeatable_read_dsn(pg_dsn)
     with psycopg.connect(rr_dsn) as probe:
         assert probe.execute("SHOW transaction_isolation").fetchone() == ("repeatable read",)
     claimer = Claimer(ClaimerConfig(rr_dsn, schema, Q), {}, watch_parent=False)

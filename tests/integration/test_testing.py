@@ -15,6 +15,7 @@ import pytest
 import awa_fast
 from awa_fast.app import App
 from awa_fast.testing import assert_enqueued, assert_not_enqueued, drain, drain_async, work_one
+from tests.fixtures.database import repeatable_read_dsn
 from tests.integration.runtime_helpers import counts
 
 
@@ -115,7 +116,7 @@ def test_work_one_runs_exactly_the_job_it_enqueued(pg_dsn, schema, storage, conn
 
 def test_drain_claims_at_read_committed_on_a_server_whose_default_is_repeatable_read(pg_dsn, schema):
     """The claim refuses REPEATABLE READ (migration 0028): the inline claimer sets its session's level."""
-    app = _app(pg_dsn + r" options='-c default_transaction_isolation=repeatable\\ read'", schema)
+    app = _app(repeatable_read_dsn(pg_dsn), schema)
     app.enqueue("ok", {"i": 1})
     assert [(r.kind, r.outcome) for r in drain(app, "t")] == [("ok", "completed")]
     app.close()
