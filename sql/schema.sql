@@ -4,7 +4,7 @@
 -- tests/integration/test_schema_snapshot.py fails when it is out of date.
 -- Rings installed with 4 slots each; owners omitted; names in C order.
 
--- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits, 0013_rotation_ledger_truncate, 0014_job_enqueue_v2, 0015_done_receipts, 0016_claim_lane_runs, 0017_key_dlq_retry, 0018_dlq_retry_keys_joined, 0019_ready_job_index_partial, 0020_drain_server_work, 0021_claim_per_receipt_columns, 0022_completion_probes_per_row, 0023_cursor_advance_index_probe, 0024_claim_limit_before_join, 0025_receipt_marks, 0026_cursor_advance_index_only, 0027_limit_open_receipts_index_only, 0028_cursor_advance_subtransactions, 0029_job_load_index_probes
+-- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits, 0013_rotation_ledger_truncate, 0014_job_enqueue_v2, 0015_done_receipts, 0016_claim_lane_runs, 0017_key_dlq_retry, 0018_dlq_retry_keys_joined, 0019_ready_job_index_partial, 0020_drain_server_work, 0021_claim_per_receipt_columns, 0022_completion_probes_per_row, 0023_cursor_advance_index_probe, 0024_claim_limit_before_join, 0025_receipt_marks, 0026_cursor_advance_index_only, 0027_limit_open_receipts_index_only, 0028_cursor_advance_subtransactions, 0029_job_load_index_probes, 0030_ready_rows_birth_probe
 
 
 ---------------------------------------------------------------------------
@@ -3370,9 +3370,13 @@ CREATE OR REPLACE FUNCTION __SCHEMA__.ready_rows_of(p_job_id bigint)
  LANGUAGE sql
  STABLE
 AS $function$
-    SELECT e.* FROM __SCHEMA__.ready_entries e
-    WHERE p_job_id >= 1099511627776
-      AND e.lane_id = (p_job_id >> 40)::int AND e.lane_seq = (p_job_id & 1099511627775) AND e.job_id = p_job_id
+    SELECT e.* FROM __SCHEMA__.ring_slots s
+    CROSS JOIN LATERAL (
+        SELECT x.* FROM __SCHEMA__.ready_entries x
+        WHERE x.ready_slot = s.slot AND x.lane_id = (p_job_id >> 40)::int
+          AND x.lane_seq = (p_job_id & 1099511627775) AND x.job_id = p_job_id
+        LIMIT 1) e
+    WHERE p_job_id >= 1099511627776 AND s.ring = 'ready'
     UNION ALL
     SELECT e.* FROM __SCHEMA__.ready_entries e
     WHERE e.job_id = p_job_id AND e.job_id <> ((e.lane_id::bigint << 40) | e.lane_seq)
