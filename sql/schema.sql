@@ -4,7 +4,7 @@
 -- tests/integration/test_schema_snapshot.py fails when it is out of date.
 -- Rings installed with 4 slots each; owners omitted; names in C order.
 
--- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits, 0013_rotation_ledger_truncate, 0014_job_enqueue_v2, 0015_done_receipts, 0016_claim_lane_runs, 0017_key_dlq_retry, 0018_dlq_retry_keys_joined, 0019_ready_job_index_partial, 0020_drain_server_work, 0021_claim_per_receipt_columns, 0022_completion_probes_per_row, 0023_cursor_advance_index_probe, 0024_claim_limit_before_join, 0025_receipt_marks, 0026_cursor_advance_index_only, 0027_limit_open_receipts_index_only, 0028_cursor_advance_subtransactions, 0029_job_load_index_probes, 0030_ready_rows_birth_probe
+-- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits, 0013_rotation_ledger_truncate, 0014_job_enqueue_v2, 0015_done_receipts, 0016_claim_lane_runs, 0017_key_dlq_retry, 0018_dlq_retry_keys_joined, 0019_ready_job_index_partial, 0020_drain_server_work, 0021_claim_per_receipt_columns, 0022_completion_probes_per_row, 0023_cursor_advance_index_probe, 0024_claim_limit_before_join, 0025_receipt_marks, 0026_cursor_advance_index_only, 0027_limit_open_receipts_index_only, 0028_cursor_advance_subtransactions, 0029_job_load_index_probes, 0030_ready_rows_birth_probe, 0031_cancel_receipt_probe
 
 
 ---------------------------------------------------------------------------
@@ -1605,6 +1605,7 @@ CREATE OR REPLACE FUNCTION __SCHEMA__.job_cancel(p_job_id bigint)
  RETURNS text
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
+ SET enable_seqscan TO 'off'
 AS $function$
 DECLARE
     d __SCHEMA__.deferred_jobs%ROWTYPE;
@@ -1654,9 +1655,14 @@ BEGIN
     INSERT INTO __SCHEMA__.attempt_state AS a (job_id, run_lease, cancel_requested)
     SELECT p_job_id, r.lease_base + 1, true
     WHERE EXISTS (
-        SELECT 1 FROM __SCHEMA__.lease_claims c
-        WHERE c.lane_id = r.lane_id AND c.ready_slot = r.ready_slot AND p_job_id = ANY (c.job_ids)
-          AND r.lane_seq BETWEEN c.first_seq AND c.last_seq
+        -- the receipt that claimed this very row: the lane's first receipt ending at or
+        -- after it (a lane's receipts cover disjoint ranges of its numbers; 0031)
+        SELECT 1 FROM (
+            SELECT x.claim_slot, x.claim_id, x.ready_slot, x.first_seq, x.job_ids
+            FROM __SCHEMA__.lease_claims x
+            WHERE x.lane_id = r.lane_id AND x.last_seq >= r.lane_seq
+            ORDER BY x.last_seq LIMIT 1) c
+        WHERE c.ready_slot = r.ready_slot AND c.first_seq <= r.lane_seq AND p_job_id = ANY (c.job_ids)
           AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closure_batches b
                           WHERE b.claim_slot = c.claim_slot AND b.claim_id = c.claim_id)
           AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closures x
@@ -2116,6 +2122,7 @@ CREATE OR REPLACE FUNCTION __SCHEMA__.job_load(p_job_id bigint)
  LANGUAGE plpgsql
  STABLE
  SET plan_cache_mode TO 'force_generic_plan'
+ SET enable_seqscan TO 'off'
 AS $function$
 DECLARE
     v jsonb;
@@ -2165,10 +2172,14 @@ BEGIN
                WHERE t.ready_slot = r.ready_slot AND t.lane_id = r.lane_id AND t.lane_seq = r.lane_seq) THEN
         v_state := 'cancelled';
     ELSIF EXISTS (
-        -- the receipt that claimed this very row (not an older attempt's)
-        SELECT 1 FROM __SCHEMA__.lease_claims c
-        WHERE c.lane_id = r.lane_id AND c.ready_slot = r.ready_slot
-          AND r.lane_seq BETWEEN c.first_seq AND c.last_seq AND r.job_id = ANY (c.job_ids)
+        -- the receipt that claimed this very row (not an older attempt's): the lane's
+        -- first receipt ending at or after it, as job_load_v3 finds it (0029, 0031)
+        SELECT 1 FROM (
+            SELECT x.claim_slot, x.claim_id, x.ready_slot, x.first_seq, x.job_ids
+            FROM __SCHEMA__.lease_claims x
+            WHERE x.lane_id = r.lane_id AND x.last_seq >= r.lane_seq
+            ORDER BY x.last_seq LIMIT 1) c
+        WHERE c.ready_slot = r.ready_slot AND c.first_seq <= r.lane_seq AND r.job_id = ANY (c.job_ids)
           AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closure_batches b
                           WHERE b.claim_slot = c.claim_slot AND b.claim_id = c.claim_id)
           AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closures x

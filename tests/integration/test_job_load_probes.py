@@ -68,3 +68,47 @@ def test_a_running_job_is_found_without_reading_the_receipts_after_it(pg_dsn, sc
         "running": "running", "completed": "completed", "available": "available"}
     assert {name: sum(reads.values()) <= 4 for name, (_, reads) in loads.items()} == {
         "running": True, "completed": True, "available": True}, loads
+
+
+def _reads(a: psycopg.Connection, schema: str, call):  # noqa: ANN001, ANN202
+    a.execute("BEGIN")
+    before = _claim_ring_reads(a, schema)
+    result = call()
+    after = _claim_ring_reads(a, schema)
+    a.execute("COMMIT")
+    return result, {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+
+
+def _completed_compactly(storage, schema: str, conn: psycopg.Connection):  # noqa: ANN001, ANN202
+    """A job completed by the COPY path as a whole receipt (a compact done row, no per-job done row),
+    then FILL more receipts of its lane, completed; the job's snapshot."""
+    enqueue(schema, conn, Q)
+    snap = claim(storage, conn, Q, 1)[0]
+    assert storage.receipt_complete(conn, [snap], {(snap.claim_slot, snap.claim_id)}, ()) == []
+    later = completed_receipts(storage, schema, conn)
+    assert {s.lane_id for s in later} == {snap.lane_id}
+    sqlx(conn, schema, "ANALYZE")
+    return snap
+
+
+def test_a_cancel_of_a_compactly_completed_job_reads_one_receipt(pg_dsn, schema, storage, conn):
+    """job_cancel (App.cancel) of a claimed job reads the lane's first receipt ending at or after its
+    row, not every later receipt of the lane (0031), while it holds the lane's claim head."""
+    done = _completed_compactly(storage, schema, conn)
+    with connect(pg_dsn, schema, tag="app") as a:
+        outcome, reads = _reads(a, schema, lambda: storage.job_cancel(a, done.job_id))
+        assert storage.job_load(a, done.job_id)["state"] == "completed"
+    assert outcome == "terminal"
+    assert sum(reads.values()) <= 8, reads
+
+
+def test_the_first_job_loader_reads_one_receipt_for_a_claimed_job(pg_dsn, schema, storage, conn):
+    """job_load (version 1, which unique_holds_v2 calls for a held key once job_done_compact said no)
+    finds a claimed job's receipt as job_load_v3 does (0031). It knows no compact done rows, so a job
+    completed that way is unknown to it (None)."""
+    done = _completed_compactly(storage, schema, conn)
+    with connect(pg_dsn, schema, tag="app") as a:
+        state, reads = _reads(a, schema, lambda: sqlx(a, schema, "SELECT __SCHEMA__.job_load(%s) ->> 'state'",
+                                                      (done.job_id,)).fetchone()[0])
+    assert state is None
+    assert sum(reads.values()) <= 8, reads
