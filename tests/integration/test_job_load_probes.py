@@ -2,7 +2,9 @@
 
 ``job_load_v3`` answers App.get_job, App.wait, the dashboard and ``awa-fast job show`` on long-lived
 pooled connections, whose generic plans are made once. These tests count the rows and index entries
-one load reads in the claim ring (``_claim_ring_reads``, as the completion tests do).
+one load reads in the claim ring (``_claim_ring_reads``, as the completion tests do). A cancel
+(``job_cancel``) and the first job loader (``job_load``, which ``unique_holds_v2`` calls) find a
+claimed job's receipt the same way since 0031.
 """
 
 from __future__ import annotations
@@ -23,13 +25,17 @@ from tests.integration.test_completion_probes import (
 pytestmark = pytest.mark.integration
 
 
-def _load_reads(storage, a: psycopg.Connection, schema: str, job_id: int) -> tuple[str, dict[str, int]]:  # noqa: ANN001
+def _reads(a: psycopg.Connection, schema: str, call):  # noqa: ANN001, ANN202
     a.execute("BEGIN")
     before = _claim_ring_reads(a, schema)
-    state = storage.job_load(a, job_id)["state"]
+    result = call()
     after = _claim_ring_reads(a, schema)
     a.execute("COMMIT")
-    return state, {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+    return result, {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+
+
+def _load_reads(storage, a: psycopg.Connection, schema: str, job_id: int) -> tuple[str, dict[str, int]]:  # noqa: ANN001
+    return _reads(a, schema, lambda: storage.job_load(a, job_id)["state"])
 
 
 def test_a_load_planned_on_an_empty_claim_slot_still_probes_by_key(pg_dsn, schema, storage, conn):
@@ -68,15 +74,6 @@ def test_a_running_job_is_found_without_reading_the_receipts_after_it(pg_dsn, sc
         "running": "running", "completed": "completed", "available": "available"}
     assert {name: sum(reads.values()) <= 4 for name, (_, reads) in loads.items()} == {
         "running": True, "completed": True, "available": True}, loads
-
-
-def _reads(a: psycopg.Connection, schema: str, call):  # noqa: ANN001, ANN202
-    a.execute("BEGIN")
-    before = _claim_ring_reads(a, schema)
-    result = call()
-    after = _claim_ring_reads(a, schema)
-    a.execute("COMMIT")
-    return result, {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
 
 
 def _completed_compactly(storage, schema: str, conn: psycopg.Connection):  # noqa: ANN001, ANN202
