@@ -4,7 +4,7 @@
 -- tests/integration/test_schema_snapshot.py fails when it is out of date.
 -- Rings installed with 4 slots each; owners omitted; names in C order.
 
--- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits, 0013_rotation_ledger_truncate, 0014_job_enqueue_v2, 0015_done_receipts, 0016_claim_lane_runs, 0017_key_dlq_retry, 0018_dlq_retry_keys_joined, 0019_ready_job_index_partial, 0020_drain_server_work, 0021_claim_per_receipt_columns, 0022_completion_probes_per_row, 0023_cursor_advance_index_probe, 0024_claim_limit_before_join, 0025_receipt_marks, 0026_cursor_advance_index_only, 0027_limit_open_receipts_index_only, 0028_cursor_advance_subtransactions, 0029_job_load_index_probes, 0030_ready_rows_birth_probe, 0031_cancel_receipt_probe
+-- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits, 0013_rotation_ledger_truncate, 0014_job_enqueue_v2, 0015_done_receipts, 0016_claim_lane_runs, 0017_key_dlq_retry, 0018_dlq_retry_keys_joined, 0019_ready_job_index_partial, 0020_drain_server_work, 0021_claim_per_receipt_columns, 0022_completion_probes_per_row, 0023_cursor_advance_index_probe, 0024_claim_limit_before_join, 0025_receipt_marks, 0026_cursor_advance_index_only, 0027_limit_open_receipts_index_only, 0028_cursor_advance_subtransactions, 0029_job_load_index_probes, 0030_ready_rows_birth_probe, 0031_cancel_receipt_probe, 0032_claim_segment_current_slot
 
 
 ---------------------------------------------------------------------------
@@ -1256,6 +1256,9 @@ DECLARE
     v_seqs bigint[];
     v_rseq regclass;
     v_from bigint;
+    v_guess int;
+    v_guessed boolean := false;
+    v_hit boolean;
 BEGIN
     SELECT * INTO v_meta FROM __SCHEMA__.queue_meta m WHERE m.queue = p_queue;
     IF NOT FOUND THEN
@@ -1342,11 +1345,31 @@ BEGIN
             -- Index: ready_segments_lane (lane_id, last_seq)
             -- (its rows are committed with it, all in its slot: the first row past
             -- the position is v_first, and v_first .. v_seg_last are all there)
-            SELECT g.ready_slot, greatest(g.first_seq, v_cur + 1), g.last_seq
-            INTO v_slot, v_first, v_seg_last FROM __SCHEMA__.ready_segments g
-            WHERE g.lane_id = v_lid AND g.last_seq > v_cur
-            ORDER BY g.last_seq LIMIT 1;
-            EXIT WHEN NOT FOUND;
+            -- The current ready slot's child first (0032; pruned to that one child when the
+            -- plan starts, where the lookup over the ring starts every child): a segment
+            -- there that ends past the position and starts at or before the next number
+            -- holds that number, so it is the lane's first segment past the position (a
+            -- lane's segments cover disjoint ranges of its numbers), the one the lookup
+            -- over the whole ring would find. Any other answer there, or none: that lookup.
+            v_hit := false;
+            IF pg_sequence_last_value(v_eseq) - v_cur <= 64 THEN
+                -- a short backlog: its rows are recent, most often all in the current slot
+                IF NOT v_guessed THEN
+                    v_guess := __SCHEMA__.ring_current('ready');
+                    v_guessed := true;
+                END IF;
+                SELECT g.ready_slot, greatest(g.first_seq, v_cur + 1), g.last_seq, g.first_seq <= v_cur + 1
+                INTO v_slot, v_first, v_seg_last, v_hit FROM __SCHEMA__.ready_segments g
+                WHERE g.ready_slot = v_guess AND g.lane_id = v_lid AND g.last_seq > v_cur
+                ORDER BY g.last_seq LIMIT 1;
+            END IF;
+            IF NOT COALESCE(v_hit, false) THEN
+                SELECT g.ready_slot, greatest(g.first_seq, v_cur + 1), g.last_seq
+                INTO v_slot, v_first, v_seg_last FROM __SCHEMA__.ready_segments g
+                WHERE g.lane_id = v_lid AND g.last_seq > v_cur
+                ORDER BY g.last_seq LIMIT 1;
+                EXIT WHEN NOT FOUND;
+            END IF;
             v_claim_id := nextval('__SCHEMA__.claim_id_seq');
             -- The receipt first, from the narrow columns of the rows it takes
             -- (Index: ready_entries primary key (ready_slot, lane_id, lane_seq)).
