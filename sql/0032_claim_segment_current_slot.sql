@@ -16,8 +16,10 @@
 -- (the slot is a PL/pgSQL value, so the generic plan is pruned to that child
 -- when it starts). A segment there that ends past the position and starts
 -- at or before the next number holds that number; a lane's segments cover
--- disjoint ranges of its numbers, so no other segment ends between the
--- position and it: it is the segment the lookup over the whole ring finds.
+-- disjoint ranges of its numbers (job_enqueue_v2/v3 and lane_reserve, the
+-- only writers, take them from the lane's sequence under the lane lock), so
+-- no other segment ends between the position and it: it is the segment the
+-- lookup over the whole ring finds.
 -- Any other answer (none there, or one that starts later: an older slot may
 -- hold earlier numbers) falls back to that lookup, unchanged. The first
 -- probe is tried only for a lane with at most 64 numbers reserved past the
