@@ -72,7 +72,6 @@ def _direct_statement(query: str) -> tuple[bytes, bytes]:
     return b"awa_fast_" + hashlib.blake2b(sql, digest_size=8).hexdigest().encode(), sql
 
 
-
 def _idle_autocommit(conn: psycopg.Connection | psycopg.AsyncConnection) -> bool:
     """Whether a call on ``conn`` would be its own transaction: autocommit, and none open."""
     return conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE

@@ -9,7 +9,7 @@ pg_stat_activity, a row) with a deadline, never a bare sleep.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import orjson
@@ -34,6 +34,19 @@ DONE_ALL = """(SELECT ready_slot, job_id, lane_id, lane_seq, run_lease, attempt,
     LEFT JOIN __SCHEMA__.ready_entries e
            ON e.ready_slot = d.ready_slot AND e.lane_id = d.lane_id AND e.job_id = u.j AND e.lease_base + 1 = u.l
           AND e.lane_seq BETWEEN d.first_seq AND d.last_seq) AS done_all"""
+
+
+def counted(conn: psycopg.Connection, count: Callable[[psycopg.Connection], dict[Any, int]],
+            call: Callable[[], Any]) -> tuple[Any, dict[Any, int]]:
+    """Run ``call()`` in one transaction on the autocommit ``conn``: its result, and how much each of
+    ``count(conn)``'s counters rose meanwhile (the ones that did not move left out). ``count`` reads
+    this transaction's own statistics, e.g. ``pg_stat_get_xact_*``."""
+    conn.execute("BEGIN")
+    before = count(conn)
+    result = call()
+    after = count(conn)
+    conn.execute("COMMIT")
+    return result, {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
 
 
 def lock_waiters(observer: psycopg.Connection, pid: int) -> list[tuple[str, str]]:

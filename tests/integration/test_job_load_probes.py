@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from tests.fixtures.database import connect, sqlx
-from tests.integration.storage_helpers import claim, enqueue
+from tests.integration.storage_helpers import claim, counted, enqueue
 from tests.integration.test_completion_probes import (
     Q,
     _claim_ring_reads,
@@ -26,12 +26,7 @@ pytestmark = pytest.mark.integration
 
 
 def _reads(a: psycopg.Connection, schema: str, call):  # noqa: ANN001, ANN202
-    a.execute("BEGIN")
-    before = _claim_ring_reads(a, schema)
-    result = call()
-    after = _claim_ring_reads(a, schema)
-    a.execute("COMMIT")
-    return result, {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+    return counted(a, lambda c: _claim_ring_reads(c, schema), call)
 
 
 def _load_reads(storage, a: psycopg.Connection, schema: str, job_id: int) -> tuple[str, dict[str, int]]:  # noqa: ANN001

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from tests.fixtures.database import connect, sqlx
-from tests.integration.storage_helpers import client
+from tests.integration.storage_helpers import client, counted
 
 pytestmark = pytest.mark.integration
 
@@ -22,24 +22,21 @@ FILL = 60_000  # one slot's primary key: ~200 leaf pages, so a whole read is far
 BOUND = 40  # per call: a probe per slot (4 slots) on each of its two index paths, and the row
 
 
-def _ready_ring_blocks(conn: psycopg.Connection, schema: str) -> int:
-    """Buffers this transaction fetched from the ready ring's children and their indexes."""
-    return int(sqlx(conn, schema, """
-        SELECT COALESCE(sum(pg_stat_get_xact_blocks_fetched(r.oid)), 0)
+def _ready_ring_blocks(conn: psycopg.Connection, schema: str) -> dict[str, int]:
+    """Buffers this transaction fetched from each of the ready ring's children and their indexes."""
+    rows = sqlx(conn, schema, """
+        SELECT r.relname, pg_stat_get_xact_blocks_fetched(r.oid)
         FROM pg_class r JOIN pg_namespace n ON n.oid = r.relnamespace
         LEFT JOIN pg_index x ON x.indexrelid = r.oid
         JOIN pg_class t ON t.oid = COALESCE(x.indrelid, r.oid)
         WHERE n.nspname = %s AND t.relkind = 'r' AND t.relname ~ '^ready_entries_[0-9]+$'""",
-                    (schema,)).fetchone()[0])
+                (schema,)).fetchall()
+    return {name: int(n) for name, n in rows}
 
 
 def _blocks(a: psycopg.Connection, schema: str, call):  # noqa: ANN001, ANN202
-    a.execute("BEGIN")
-    before = _ready_ring_blocks(a, schema)
-    result = call()
-    fetched = _ready_ring_blocks(a, schema) - before
-    a.execute("COMMIT")
-    return result, fetched
+    result, fetched = counted(a, lambda c: _ready_ring_blocks(c, schema), call)
+    return result, sum(fetched.values())
 
 
 @pytest.fixture
