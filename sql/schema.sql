@@ -4,7 +4,7 @@
 -- tests/integration/test_schema_snapshot.py fails when it is out of date.
 -- Rings installed with 4 slots each; owners omitted; names in C order.
 
--- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits, 0013_rotation_ledger_truncate, 0014_job_enqueue_v2, 0015_done_receipts, 0016_claim_lane_runs, 0017_key_dlq_retry, 0018_dlq_retry_keys_joined, 0019_ready_job_index_partial, 0020_drain_server_work, 0021_claim_per_receipt_columns, 0022_completion_probes_per_row, 0023_cursor_advance_index_probe, 0024_claim_limit_before_join, 0025_receipt_marks, 0026_cursor_advance_index_only, 0027_limit_open_receipts_index_only, 0028_cursor_advance_subtransactions, 0029_job_load_index_probes, 0030_ready_rows_birth_probe, 0031_cancel_receipt_probe, 0032_claim_segment_current_slot
+-- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits, 0013_rotation_ledger_truncate, 0014_job_enqueue_v2, 0015_done_receipts, 0016_claim_lane_runs, 0017_key_dlq_retry, 0018_dlq_retry_keys_joined, 0019_ready_job_index_partial, 0020_drain_server_work, 0021_claim_per_receipt_columns, 0022_completion_probes_per_row, 0023_cursor_advance_index_probe, 0024_claim_limit_before_join, 0025_receipt_marks, 0026_cursor_advance_index_only, 0027_limit_open_receipts_index_only, 0028_cursor_advance_subtransactions, 0029_job_load_index_probes, 0030_ready_rows_birth_probe, 0031_cancel_receipt_probe, 0032_claim_segment_current_slot, 0033_sweep_probes_and_reserve_guard
 
 
 ---------------------------------------------------------------------------
@@ -733,6 +733,7 @@ CREATE OR REPLACE FUNCTION __SCHEMA__.attempt_state_sweep()
  RETURNS integer
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
+ SET enable_seqscan TO 'off'
 AS $function$
 DECLARE
     n int;
@@ -740,14 +741,26 @@ BEGIN
     DELETE FROM __SCHEMA__.attempt_state a
     WHERE a.updated_at < now() - interval '5 seconds'
       AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.leases l WHERE l.job_id = a.job_id AND l.run_lease = a.run_lease)
+      -- the receipt the state was written under, still open for this attempt
+      -- (Index: lease_claims primary key; no row when the state names none)
       AND NOT EXISTS (
+          SELECT 1 FROM __SCHEMA__.lease_claims c
+          WHERE c.claim_slot = a.claim_slot AND c.claim_id = a.claim_id
+            AND a.job_id = ANY (c.job_ids)
+            AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closure_batches b
+                            WHERE b.claim_slot = c.claim_slot AND b.claim_id = c.claim_id)
+            AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closures x
+                            WHERE x.claim_slot = c.claim_slot AND x.claim_id = c.claim_id AND x.job_id = a.job_id
+                              AND x.run_lease = a.run_lease))
+      -- a state that names no receipt: any open receipt holding the attempt
+      AND (a.claim_id IS NOT NULL OR NOT EXISTS (
           SELECT 1 FROM __SCHEMA__.lease_claims c
           WHERE a.job_id = ANY (c.job_ids)
             AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closure_batches b
                             WHERE b.claim_slot = c.claim_slot AND b.claim_id = c.claim_id)
             AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closures x
                             WHERE x.claim_slot = c.claim_slot AND x.claim_id = c.claim_id AND x.job_id = a.job_id
-                              AND x.run_lease = a.run_lease));
+                              AND x.run_lease = a.run_lease)));
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
 END $function$;
@@ -1674,24 +1687,26 @@ BEGIN
         END IF;
         RETURN 'cancelled';
     END IF;
-    -- Claimed: flag the open attempt so its handler can see it.
-    INSERT INTO __SCHEMA__.attempt_state AS a (job_id, run_lease, cancel_requested)
-    SELECT p_job_id, r.lease_base + 1, true
-    WHERE EXISTS (
+    -- Claimed: flag the open attempt so its handler can see it, with the
+    -- receipt it runs under (the sweep probes that receipt by key; 0033).
+    INSERT INTO __SCHEMA__.attempt_state AS a (job_id, run_lease, claim_slot, claim_id, cancel_requested)
+    SELECT p_job_id, r.lease_base + 1, c.claim_slot, c.claim_id, true
+    FROM (
         -- the receipt that claimed this very row: the lane's first receipt ending at or
         -- after it (a lane's receipts cover disjoint ranges of its numbers; 0031)
-        SELECT 1 FROM (
-            SELECT x.claim_slot, x.claim_id, x.ready_slot, x.first_seq, x.job_ids
-            FROM __SCHEMA__.lease_claims x
-            WHERE x.lane_id = r.lane_id AND x.last_seq >= r.lane_seq
-            ORDER BY x.last_seq LIMIT 1) c
-        WHERE c.ready_slot = r.ready_slot AND c.first_seq <= r.lane_seq AND p_job_id = ANY (c.job_ids)
-          AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closure_batches b
-                          WHERE b.claim_slot = c.claim_slot AND b.claim_id = c.claim_id)
-          AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closures x
-                          WHERE x.claim_slot = c.claim_slot AND x.claim_id = c.claim_id AND x.job_id = p_job_id
-                            AND x.run_lease = r.lease_base + 1))
-    ON CONFLICT ON CONSTRAINT attempt_state_pkey DO UPDATE SET cancel_requested = true, updated_at = now();
+        SELECT x.claim_slot, x.claim_id, x.ready_slot, x.first_seq, x.job_ids
+        FROM __SCHEMA__.lease_claims x
+        WHERE x.lane_id = r.lane_id AND x.last_seq >= r.lane_seq
+        ORDER BY x.last_seq LIMIT 1) c
+    WHERE c.ready_slot = r.ready_slot AND c.first_seq <= r.lane_seq AND p_job_id = ANY (c.job_ids)
+      AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closure_batches b
+                      WHERE b.claim_slot = c.claim_slot AND b.claim_id = c.claim_id)
+      AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closures x
+                      WHERE x.claim_slot = c.claim_slot AND x.claim_id = c.claim_id AND x.job_id = p_job_id
+                        AND x.run_lease = r.lease_base + 1)
+    ON CONFLICT ON CONSTRAINT attempt_state_pkey DO UPDATE
+        SET cancel_requested = true, updated_at = now(),
+            claim_slot = COALESCE(a.claim_slot, excluded.claim_slot), claim_id = COALESCE(a.claim_id, excluded.claim_id);
     IF FOUND THEN
         RETURN 'cancel_requested';
     END IF;
@@ -2995,6 +3010,11 @@ DECLARE
     v_claimed bigint;
     v_receipt bigint;
 BEGIN
+    IF p_count IS NULL OR p_count < 1 THEN
+        RAISE EXCEPTION 'lane_reserve needs a count of at least 1 (got %)', p_count
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Reserve one lane number per job to write; a call with no jobs has nothing to reserve.';
+    END IF;
     SELECT l.lane_id, l.enqueue_seq INTO lane_id, v_seq
     FROM __SCHEMA__.lane_lock_for_enqueue(p_queue, p_priority, p_hint) l;
     ready_slot := __SCHEMA__.ring_current('ready');

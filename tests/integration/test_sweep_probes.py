@@ -1,0 +1,126 @@
+"""The attempt-state sweep probes each state's own receipt; a lane reservation needs a count (0033).
+
+``attempt_state_sweep`` runs on the maintenance leader once a second and deletes the
+``attempt_state`` rows (heartbeats, progress, cancel flags) of attempts that ended. These tests
+count the rows one sweep's DELETE handles, from its plan as ``auto_explain`` reports it, and
+check which rows it keeps: those of attempts still open, whether they were written by a
+heartbeat, by a cancel, or before 0033 without the receipt they run under.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.fixtures.database import connect, scalar, sqlx
+from tests.integration.storage_helpers import claim, enqueue
+from tests.integration.test_completion_probes import Q, _slot0_reltuples, _slot0_with_empty_statistics
+
+pytestmark = pytest.mark.integration
+
+OPEN = 40
+ENDED = 60
+
+
+def _backdate(conn: psycopg.Connection, schema: str) -> None:
+    """Every attempt_state row is older than the sweep's five seconds."""
+    sqlx(conn, schema, "UPDATE __SCHEMA__.attempt_state SET updated_at = now() - interval '1 minute'")
+
+
+def _states(conn: psycopg.Connection, schema: str) -> dict[int, bool]:
+    """job_id -> whether the row names its receipt, for every attempt_state row."""
+    rows = sqlx(conn, schema, "SELECT job_id, claim_id IS NOT NULL FROM __SCHEMA__.attempt_state").fetchall()
+    return {int(j): bool(keyed) for j, keyed in rows}
+
+
+def _rows_handled(node: dict[str, Any]) -> int:
+    """Rows a plan node and the nodes under it handled: each node's rows times its loops, plus the
+    rows its filters removed (a nested loop's inner side rescanned per outer row counts each time)."""
+    own = (node.get("Actual Rows", 0) * node.get("Actual Loops", 1) + node.get("Rows Removed by Filter", 0)
+           + node.get("Rows Removed by Join Filter", 0))
+    return int(own) + sum(_rows_handled(child) for child in node.get("Plans", []))
+
+
+def _sweep_explained(storage, conn: psycopg.Connection) -> tuple[int, int]:  # noqa: ANN001
+    """One sweep on ``conn`` with auto_explain on: (rows deleted, rows its DELETE handled)."""
+    plans: list[dict[str, Any]] = []
+
+    def keep(diag: psycopg.errors.Diagnostic) -> None:
+        text = diag.message_primary or ""
+        if "{" in text:
+            plans.append(json.loads(text[text.index("{"):]))
+
+    conn.add_notice_handler(keep)
+    conn.execute("LOAD 'auto_explain'")
+    for k, v in (("log_min_duration", "0"), ("log_nested_statements", "on"), ("log_level", "notice"),
+                 ("log_analyze", "on"), ("log_timing", "off"), ("log_format", "json")):
+        conn.execute(f"SET auto_explain.{k} = {v}")
+    try:
+        deleted = storage.attempt_state_sweep(conn)
+    finally:
+        conn.execute("SET auto_explain.log_min_duration = -1")
+    [delete] = [p for p in plans if "DELETE FROM" in p["Query Text"]]
+    return deleted, _rows_handled(delete["Plan"])
+
+
+def test_a_sweep_handles_a_few_rows_per_state_not_the_ring_per_state(pg_dsn, schema, storage, conn):
+    """The leader plans the sweep while claim slot 0 has an empty table's statistics; with OPEN
+    running attempts and ENDED orphaned heartbeat rows its DELETE must handle a few rows per state,
+    not every receipt of the ring for each one (before 0033: about 19,000 rows here, 9,000 of them the
+    receipts rescanned once per state)."""
+    _slot0_with_empty_statistics(conn, schema)
+    with connect(pg_dsn, schema, tag="leader") as leader:
+        assert storage.attempt_state_sweep(leader) == 0  # the leader's generic plan is made now
+        for _ in range(OPEN + ENDED):
+            enqueue(schema, conn, Q)
+        snaps = [claim(storage, conn, Q, 1)[0] for _ in range(OPEN + ENDED)]
+        assert {r.status for r in storage.attempt_heartbeat(conn, snaps)} == {"ok"}
+        ended, running = snaps[:ENDED], snaps[ENDED:]
+        for snap in ended:  # completed without naming their state: orphans the sweep must delete
+            assert storage.receipt_complete_rows(conn, [snap]) == []
+        _backdate(conn, schema)
+        assert _slot0_reltuples(conn, schema) == 0.0  # still the empty slot's statistics
+        deleted, handled = _sweep_explained(storage, leader)
+    assert deleted == ENDED
+    assert _states(conn, schema) == {s.job_id: True for s in running}
+    assert handled <= 20 * (OPEN + ENDED), handled
+
+
+def test_the_sweep_keeps_every_open_attempt_s_state_however_it_was_written(schema, storage, conn):
+    ids = [enqueue(schema, conn, Q) for _ in range(6)]
+    snaps = {s.job_id: s for s in claim(storage, conn, Q, 6)}
+    assert sorted(snaps) == sorted(ids)
+    beat_open, beat_ended, cancel_open, cancel_ended, legacy_open, legacy_ended = ids
+    assert {r.status for r in storage.attempt_heartbeat(conn, [snaps[beat_open], snaps[beat_ended]])} == {"ok"}
+    for job_id in (cancel_open, cancel_ended, legacy_open, legacy_ended):
+        assert storage.job_cancel(conn, job_id) == "cancel_requested"
+    assert set(_states(conn, schema).values()) == {True}  # a cancel flag names its receipt too (0033)
+    # rows as a cancel wrote them before 0033: no receipt named
+    sqlx(conn, schema, "UPDATE __SCHEMA__.attempt_state SET claim_slot = NULL, claim_id = NULL "
+                       "WHERE job_id = ANY(%s)", ([legacy_open, legacy_ended],))
+    for job_id in (beat_ended, cancel_ended, legacy_ended):  # ended without naming their state
+        assert storage.receipt_complete_rows(conn, [snaps[job_id]]) == []
+    recent = _states(conn, schema)
+    assert storage.attempt_state_sweep(conn) == 0  # nothing is five seconds old yet
+    assert _states(conn, schema) == recent
+    _backdate(conn, schema)
+    assert storage.attempt_state_sweep(conn) == 3
+    assert _states(conn, schema) == {beat_open: True, cancel_open: True, legacy_open: False}
+    # the open attempts still see their flags
+    assert {r.job_id: r.status for r in storage.attempt_heartbeat(
+        conn, [snaps[beat_open], snaps[cancel_open], snaps[legacy_open]])} == {
+        beat_open: "ok", cancel_open: "cancel", legacy_open: "cancel"}
+
+
+def test_a_lane_reservation_of_no_number_is_refused_before_anything_is_written(schema, conn):
+    enqueue(schema, conn, Q)
+    before = scalar(conn, schema, "SELECT count(*) FROM __SCHEMA__.ready_segments")
+    for count in (0, -1):
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="count of at least 1"):
+            sqlx(conn, schema, "SELECT * FROM __SCHEMA__.lane_reserve(%s, 2, %s, 0)", (Q, count))
+    assert scalar(conn, schema, "SELECT count(*) FROM __SCHEMA__.ready_segments") == before
+    first = sqlx(conn, schema, "SELECT first_seq FROM __SCHEMA__.lane_reserve(%s, 2, 1, 0)", (Q,)).fetchone()
+    assert first is not None and first[0] >= 1
