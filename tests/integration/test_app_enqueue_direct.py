@@ -11,10 +11,12 @@ statements (``DEALLOCATE ALL``, ``DISCARD ALL``) prepares it again.
 
 from __future__ import annotations
 
+import logging
+
 import psycopg
 import pytest
 
-from awa_fast import App
+from awa_fast import App, PayloadError, Unique, UniqueConflict
 from awa_fast.storage.connection import PoolConnection
 from tests.fixtures.database import sqlx
 
@@ -105,3 +107,29 @@ def test_run_prepared_refuses_a_connection_in_a_transaction(pg_dsn):
         pc.execute("BEGIN")
         with pytest.raises(psycopg.ProgrammingError, match="idle autocommit"):
             pc.run_prepared(b"awa_fast_probe", b"SELECT 1", ())
+
+
+def test_calls_that_fail_give_the_pool_connection_back_idle(pg_dsn, schema, conn, caplog):
+    """The App lends its pool connection for one call (``getconn`` .. ``putconn``), without the
+    connection's own commit-on-exit: that relies on every call ending the transactions it opens.
+    With one connection, calls that fail inside a transaction (a streamed bulk call with a bad
+    payload past its first block, a unique enqueue whose key is held) must each give it back
+    idle, with no rollback left for the pool to do, and the next call must get it."""
+    caplog.set_level(logging.WARNING, logger="psycopg.pool")
+    items: list[object] = [{"i": i} for i in range(1500)]
+    items[1400] = {"bad": float("nan")}
+    with App(pg_dsn, schema, pool_size=1) as app:
+        with app._pool().connection() as pc:
+            pid = pc.info.backend_pid
+        with pytest.raises(PayloadError):
+            app.enqueue_many("direct.kind", items, queue=Q)
+        once = Unique(by_args=True)
+        app.enqueue("direct.kind", {"u": 1}, queue=Q, unique=once)
+        with pytest.raises(UniqueConflict):
+            app.enqueue("direct.kind", {"u": 1}, queue=Q, unique=once)
+        last = app.enqueue("direct.kind", {"i": "last"}, queue=Q)
+        with app._pool().connection() as pc:
+            assert (pc.info.backend_pid, pc.info.transaction_status) == (pid, psycopg.pq.TransactionStatus.IDLE)
+        assert app.get_job(last) is not None
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("psycopg.pool")] == []
+    assert sqlx(conn, schema, "SELECT count(*) FROM __SCHEMA__.ready_entries").fetchone() == (2,)
