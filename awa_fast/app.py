@@ -644,11 +644,12 @@ class _Lent:
     """One of the App pool's connections, lent for one call: ``getconn`` on enter, ``putconn`` on exit.
 
     ``pool.connection()`` also runs the connection's own ``with`` block, whose exit commits: a
-    no-op on these autocommit connections that still cost ~15-20 µs of client CPU per call after
-    a statement (caches gone cold while the call waited on the server; ``App.enqueue`` spent
-    ~90 µs in all; performance-log, 2026-12-07 pool). The App's calls leave no transaction open
-    on these connections (their transactions are ``conn.transaction()`` blocks); ``putconn``
-    rolls back one left open anyway, with a warning, and replaces a broken connection.
+    no-op on these autocommit connections that still cost ~15-20 µs of client CPU per call
+    after a statement (caches gone cold while the call waited on the server; ``App.enqueue``
+    spent ~105 µs of client CPU before, ~90 after; performance-log, 2026-12-07 pool). The
+    App's calls leave no transaction open on these connections (their transactions are
+    ``conn.transaction()`` blocks); ``putconn`` rolls back one left open anyway, with a
+    warning, and replaces a broken connection.
     """
 
     __slots__ = ("_conn", "_pool")

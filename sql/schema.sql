@@ -752,8 +752,8 @@ BEGIN
             AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closures x
                             WHERE x.claim_slot = c.claim_slot AND x.claim_id = c.claim_id AND x.job_id = a.job_id
                               AND x.run_lease = a.run_lease))
-      -- a state that names no receipt: any open receipt holding the attempt
-      AND (a.claim_id IS NOT NULL OR NOT EXISTS (
+      -- a state that names no receipt (or half of one): any open receipt holding the attempt
+      AND ((a.claim_slot IS NOT NULL AND a.claim_id IS NOT NULL) OR NOT EXISTS (
           SELECT 1 FROM __SCHEMA__.lease_claims c
           WHERE a.job_id = ANY (c.job_ids)
             AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.lease_claim_closure_batches b
@@ -1706,7 +1706,11 @@ BEGIN
                         AND x.run_lease = r.lease_base + 1)
     ON CONFLICT ON CONSTRAINT attempt_state_pkey DO UPDATE
         SET cancel_requested = true, updated_at = now(),
-            claim_slot = COALESCE(a.claim_slot, excluded.claim_slot), claim_id = COALESCE(a.claim_id, excluded.claim_id);
+            -- a row that names its receipt keeps it; one that names none (or half of one) takes this one
+            claim_slot = CASE WHEN a.claim_slot IS NULL OR a.claim_id IS NULL THEN excluded.claim_slot
+                              ELSE a.claim_slot END,
+            claim_id = CASE WHEN a.claim_slot IS NULL OR a.claim_id IS NULL THEN excluded.claim_id
+                            ELSE a.claim_id END;
     IF FOUND THEN
         RETURN 'cancel_requested';
     END IF;

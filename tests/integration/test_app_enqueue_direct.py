@@ -109,22 +109,31 @@ def test_run_prepared_refuses_a_connection_in_a_transaction(pg_dsn):
             pc.run_prepared(b"awa_fast_probe", b"SELECT 1", ())
 
 
-def test_calls_that_fail_give_the_pool_connection_back_idle(pg_dsn, schema, conn, caplog):
+def test_every_call_gives_the_pool_connection_back_idle(pg_dsn, schema, conn, caplog):
     """The App lends its pool connection for one call (``getconn`` .. ``putconn``), without the
-    connection's own commit-on-exit: that relies on every call ending the transactions it opens.
-    With one connection, calls that fail inside a transaction (a streamed bulk call with a bad
-    payload past its first block, a unique enqueue whose key is held) must each give it back
-    idle, with no rollback left for the pool to do, and the next call must get it."""
+    connection's own commit-on-exit: a call must end every transaction it opens, or ``putconn``
+    rolls it back (and psycopg_pool logs a warning). With one connection: calls that succeed
+    (single, scheduled, bulk and unique enqueues, loads, lists, counts, a cancel, queue settings,
+    a pause and a resume) and calls that fail (a streamed bulk call whose bad payload past its
+    first block fails it inside its transaction, a unique enqueue whose key is held) each give it
+    back idle, and the next call gets the same backend."""
     caplog.set_level(logging.WARNING, logger="psycopg.pool")
     items: list[object] = [{"i": i} for i in range(1500)]
     items[1400] = {"bad": float("nan")}
+    once = Unique(by_args=True)
     with App(pg_dsn, schema, pool_size=1) as app:
         with app._pool().connection() as pc:
             pid = pc.info.backend_pid
+        first = app.enqueue("direct.kind", {"i": "first"}, queue=Q)
+        app.enqueue("direct.kind", {"i": "later"}, queue=Q, delay=3600)
+        assert app.enqueue_many("direct.kind", [{"i": i} for i in range(3)], queue=Q) == 3
+        app.enqueue("direct.kind", {"u": 1}, queue=Q, unique=once)
+        assert app.get_job(first) is not None and app.list_jobs(queue=Q)
+        assert app.counts(Q) and app.queue_settings(Q).queue == Q
+        assert app.pause(Q) and app.resume(Q)
+        assert app.cancel(first)
         with pytest.raises(PayloadError):
             app.enqueue_many("direct.kind", items, queue=Q)
-        once = Unique(by_args=True)
-        app.enqueue("direct.kind", {"u": 1}, queue=Q, unique=once)
         with pytest.raises(UniqueConflict):
             app.enqueue("direct.kind", {"u": 1}, queue=Q, unique=once)
         last = app.enqueue("direct.kind", {"i": "last"}, queue=Q)
@@ -132,4 +141,4 @@ def test_calls_that_fail_give_the_pool_connection_back_idle(pg_dsn, schema, conn
             assert (pc.info.backend_pid, pc.info.transaction_status) == (pid, psycopg.pq.TransactionStatus.IDLE)
         assert app.get_job(last) is not None
     assert [r.getMessage() for r in caplog.records if r.name.startswith("psycopg.pool")] == []
-    assert sqlx(conn, schema, "SELECT count(*) FROM __SCHEMA__.ready_entries").fetchone() == (2,)
+    assert sqlx(conn, schema, "SELECT count(*) FROM __SCHEMA__.ready_entries").fetchone() == (6,)

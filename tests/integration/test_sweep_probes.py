@@ -4,7 +4,8 @@
 ``attempt_state`` rows (heartbeats, progress, cancel flags) of attempts that ended. These tests
 count the rows one sweep's DELETE handles, from its plan as ``auto_explain`` reports it, and
 check which rows it keeps: those of attempts still open, whether they were written by a
-heartbeat, by a cancel, or before 0033 without the receipt they run under.
+heartbeat, by a cancel, or before 0033 without the receipt they run under, and which receipt
+each row names.
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ def _backdate(conn: psycopg.Connection, schema: str) -> None:
     sqlx(conn, schema, "UPDATE __SCHEMA__.attempt_state SET updated_at = now() - interval '1 minute'")
 
 
-def _states(conn: psycopg.Connection, schema: str) -> dict[int, bool]:
-    """job_id -> whether the row names its receipt, for every attempt_state row."""
-    rows = sqlx(conn, schema, "SELECT job_id, claim_id IS NOT NULL FROM __SCHEMA__.attempt_state").fetchall()
-    return {int(j): bool(keyed) for j, keyed in rows}
+def _keys(conn: psycopg.Connection, schema: str) -> dict[int, tuple[int | None, int | None]]:
+    """job_id -> the (claim_slot, claim_id) its attempt_state row names, for every row."""
+    rows = sqlx(conn, schema, "SELECT job_id, claim_slot, claim_id FROM __SCHEMA__.attempt_state").fetchall()
+    return {int(j): (slot, cid) for j, slot, cid in rows}
 
 
 def _rows_handled(node: dict[str, Any]) -> int:
@@ -85,34 +86,54 @@ def test_a_sweep_handles_a_few_rows_per_state_not_the_ring_per_state(pg_dsn, sch
         assert _slot0_reltuples(conn, schema) == 0.0  # still the empty slot's statistics
         deleted, handled = _sweep_explained(storage, leader)
     assert deleted == ENDED
-    assert _states(conn, schema) == {s.job_id: True for s in running}
+    assert _keys(conn, schema) == {s.job_id: (s.claim_slot, s.claim_id) for s in running}
     assert handled <= 20 * (OPEN + ENDED), handled
 
 
 def test_the_sweep_keeps_every_open_attempt_s_state_however_it_was_written(schema, storage, conn):
-    ids = [enqueue(schema, conn, Q) for _ in range(6)]
-    snaps = {s.job_id: s for s in claim(storage, conn, Q, 6)}
-    assert sorted(snaps) == sorted(ids)
-    beat_open, beat_ended, cancel_open, cancel_ended, legacy_open, legacy_ended = ids
-    assert {r.status for r in storage.attempt_heartbeat(conn, [snaps[beat_open], snaps[beat_ended]])} == {"ok"}
-    for job_id in (cancel_open, cancel_ended, legacy_open, legacy_ended):
+    """Each job in a receipt of its own. Rows written by a heartbeat, by a cancel, by a cancel on top
+    of a heartbeat, before 0033 (no receipt named), half of a key: those of open attempts stay,
+    those of ended attempts go, and each row names the receipt that holds its attempt."""
+    ids = [enqueue(schema, conn, Q) for _ in range(9)]
+    snaps = {}
+    for _ in ids:
+        snap = claim(storage, conn, Q, 1)[0]
+        snaps[snap.job_id] = snap
+    assert sorted(snaps) == sorted(ids) and len({s.claim_id for s in snaps.values()}) == len(ids)
+    (beat_open, beat_ended, cancel_open, cancel_ended, beat_then_cancel, legacy_open, legacy_ended,
+     legacy_then_cancel, half_open) = ids
+    beats = [snaps[j] for j in (beat_open, beat_ended, beat_then_cancel, half_open)]
+    assert {r.status for r in storage.attempt_heartbeat(conn, beats)} == {"ok"}
+    for job_id in (cancel_open, cancel_ended, legacy_open, legacy_ended, legacy_then_cancel):
         assert storage.job_cancel(conn, job_id) == "cancel_requested"
-    assert set(_states(conn, schema).values()) == {True}  # a cancel flag names its receipt too (0033)
-    # rows as a cancel wrote them before 0033: no receipt named
+    # rows as they were written before 0033: no receipt named; and one with half of a key
     sqlx(conn, schema, "UPDATE __SCHEMA__.attempt_state SET claim_slot = NULL, claim_id = NULL "
-                       "WHERE job_id = ANY(%s)", ([legacy_open, legacy_ended],))
+                       "WHERE job_id = ANY(%s)", ([legacy_open, legacy_ended, legacy_then_cancel],))
+    sqlx(conn, schema, "UPDATE __SCHEMA__.attempt_state SET claim_slot = NULL WHERE job_id = %s", (half_open,))
+    for job_id in (beat_then_cancel, legacy_then_cancel):  # a cancel on top of an existing row
+        assert storage.job_cancel(conn, job_id) == "cancel_requested"
+
+    def key(job_id: int) -> tuple[int, int]:
+        return (snaps[job_id].claim_slot, snaps[job_id].claim_id)
+
+    assert _keys(conn, schema) == {
+        **{j: key(j) for j in (beat_open, beat_ended, cancel_open, cancel_ended, beat_then_cancel,
+                               legacy_then_cancel)},
+        legacy_open: (None, None), legacy_ended: (None, None), half_open: (None, key(half_open)[1])}
     for job_id in (beat_ended, cancel_ended, legacy_ended):  # ended without naming their state
         assert storage.receipt_complete_rows(conn, [snaps[job_id]]) == []
-    recent = _states(conn, schema)
-    assert storage.attempt_state_sweep(conn) == 0  # nothing is five seconds old yet
-    assert _states(conn, schema) == recent
+    recent = _keys(conn, schema)
+    assert storage.attempt_state_sweep(conn) == 0  # no row is five seconds old yet
+    assert _keys(conn, schema) == recent
     _backdate(conn, schema)
     assert storage.attempt_state_sweep(conn) == 3
-    assert _states(conn, schema) == {beat_open: True, cancel_open: True, legacy_open: False}
+    assert sorted(_keys(conn, schema)) == sorted(
+        [beat_open, cancel_open, beat_then_cancel, legacy_open, legacy_then_cancel, half_open])
     # the open attempts still see their flags
-    assert {r.job_id: r.status for r in storage.attempt_heartbeat(
-        conn, [snaps[beat_open], snaps[cancel_open], snaps[legacy_open]])} == {
-        beat_open: "ok", cancel_open: "cancel", legacy_open: "cancel"}
+    assert {r.job_id: r.status for r in storage.attempt_heartbeat(conn, [
+        snaps[j] for j in (beat_open, cancel_open, beat_then_cancel, legacy_open, legacy_then_cancel, half_open)])} == {
+        beat_open: "ok", cancel_open: "cancel", beat_then_cancel: "cancel", legacy_open: "cancel",
+        legacy_then_cancel: "cancel", half_open: "ok"}
 
 
 def test_a_lane_reservation_of_no_number_is_refused_before_anything_is_written(schema, conn):
