@@ -49,6 +49,31 @@ def counted(conn: psycopg.Connection, count: Callable[[psycopg.Connection], dict
     return result, {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
 
 
+def explained(conn: psycopg.Connection, call: Callable[[], Any], *, analyze: bool = False,
+              json_format: bool = False) -> tuple[Any, list[str]]:
+    """Run ``call()`` with auto_explain sending the plan of every statement it runs on ``conn``
+    (nested ones too) to the client as a notice: its result, and the notices' texts. ``analyze``
+    adds actual rows and loops (no timing); ``json_format`` writes each plan as JSON."""
+    plans: list[str] = []
+
+    def keep(diag: psycopg.errors.Diagnostic) -> None:
+        plans.append(diag.message_primary or "")
+
+    conn.add_notice_handler(keep)
+    conn.execute("LOAD 'auto_explain'")
+    settings = {"log_min_duration": "0", "log_nested_statements": "on", "log_level": "notice",
+                "log_analyze": "on" if analyze else "off", "log_timing": "off",
+                "log_format": "json" if json_format else "text"}
+    for k, v in settings.items():
+        conn.execute(f"SET auto_explain.{k} = {v}")
+    try:
+        result = call()
+    finally:
+        conn.execute("SET auto_explain.log_min_duration = -1")
+        conn.remove_notice_handler(keep)
+    return result, plans
+
+
 def lock_waiters(observer: psycopg.Connection, pid: int) -> list[tuple[str, str]]:
     """(locktype, mode) of every lock ``pid`` is waiting for (not granted)."""
     return [(r[0], r[1]) for r in observer.execute(

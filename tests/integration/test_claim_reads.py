@@ -15,7 +15,7 @@ import json
 import pytest
 
 from tests.fixtures.database import sqlx
-from tests.integration.storage_helpers import claim, enqueue
+from tests.integration.storage_helpers import claim, enqueue, explained
 
 pytestmark = pytest.mark.integration
 
@@ -71,16 +71,7 @@ def test_the_receipt_statement_no_longer_carries_the_job_bodies(schema, storage,
     rows the claim returns are read by a plain primary-key scan of the ready ring."""
     for i in range(4):
         enqueue(schema, conn, Q, {"i": i, "pad": "x" * 200})
-    plans: list[str] = []
-    conn.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
-    conn.execute("LOAD 'auto_explain'")
-    for k, v in (("log_min_duration", "0"), ("log_nested_statements", "on"), ("log_level", "notice"),
-                 ("log_analyze", "off")):
-        conn.execute(f"SET auto_explain.{k} = {v}")
-    try:
-        snaps = claim(storage, conn, Q, 10)
-    finally:
-        conn.execute("SET auto_explain.log_min_duration = -1")
+    snaps, plans = explained(conn, lambda: claim(storage, conn, Q, 10))
     assert len(snaps) == 4
     receipt = [p for p in plans if "INSERT INTO" in p and "lease_claims" in p]
     assert len(receipt) == 1, plans

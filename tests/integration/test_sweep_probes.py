@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from tests.fixtures.database import connect, scalar, sqlx
-from tests.integration.storage_helpers import claim, enqueue
+from tests.integration.storage_helpers import claim, enqueue, explained
 from tests.integration.test_completion_probes import Q, _slot0_reltuples, _slot0_with_empty_statistics
 
 pytestmark = pytest.mark.integration
@@ -47,22 +47,8 @@ def _rows_handled(node: dict[str, Any]) -> int:
 
 def _sweep_explained(storage, conn: psycopg.Connection) -> tuple[int, int]:  # noqa: ANN001
     """One sweep on ``conn`` with auto_explain on: (rows deleted, rows its DELETE handled)."""
-    plans: list[dict[str, Any]] = []
-
-    def keep(diag: psycopg.errors.Diagnostic) -> None:
-        text = diag.message_primary or ""
-        if "{" in text:
-            plans.append(json.loads(text[text.index("{"):]))
-
-    conn.add_notice_handler(keep)
-    conn.execute("LOAD 'auto_explain'")
-    for k, v in (("log_min_duration", "0"), ("log_nested_statements", "on"), ("log_level", "notice"),
-                 ("log_analyze", "on"), ("log_timing", "off"), ("log_format", "json")):
-        conn.execute(f"SET auto_explain.{k} = {v}")
-    try:
-        deleted = storage.attempt_state_sweep(conn)
-    finally:
-        conn.execute("SET auto_explain.log_min_duration = -1")
+    deleted, notices = explained(conn, lambda: storage.attempt_state_sweep(conn), analyze=True, json_format=True)
+    plans = [json.loads(text[text.index("{"):]) for text in notices if "{" in text]
     [delete] = [p for p in plans if "DELETE FROM" in p["Query Text"]]
     return deleted, _rows_handled(delete["Plan"])
 
