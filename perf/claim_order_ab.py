@@ -1,0 +1,127 @@
+"""A claim body against the one this checkout migrates to, on a queue fed through several lanes.
+
+Two schemas on one server: ``<schema>_before`` is migrated fully, then gets ``claim_batch_v4`` as
+``--before`` states it (default: migration 0032, the claim before 0034); ``<schema>_after`` is
+migrated fully. In each, ``--lanes`` producer connections on distinct enqueue shards take turns
+(one job each, ``job_enqueue_v3``, committed), so the lanes a claim took from stay candidates
+behind their receipts, as in a queue fed by several producer connections; a claimer then claims
+``--batch`` jobs. Blocks of ``--per-block`` claims alternate between the schemas (AB BA ...);
+only the claim call is measured: its backend's CPU (``/proc/<pid>/stat``, so the server must be
+local) and its round trip, per claim.
+
+    .venv/bin/python perf/claim_order_ab.py --dsn DSN [--schema bench_claim_order] [--lanes 6]
+        [--batch 1] [--rounds 8] [--per-block 600] [--before sql/0032_claim_segment_current_slot.sql]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import re
+import statistics
+import time
+
+import psycopg
+from claim_lanes_ab import shard_conns  # perf/ is on the path when this runs as a script
+
+from awa_fast.storage import Storage, connect, use_raw_jsonb
+from awa_fast.storage.migrate import migrate
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+QUEUE = "claim_order"
+_CLK = os.sysconf("SC_CLK_TCK")
+
+
+def backend_cpu(pid: int) -> float:
+    """User plus system CPU seconds of one local backend."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        rest = f.read().rsplit(b")", 1)[1].split()
+    return (int(rest[11]) + int(rest[12])) / _CLK
+
+
+def claim_body(path: pathlib.Path) -> str:
+    """The CREATE OR REPLACE FUNCTION of claim_batch_v4 in a migration file."""
+    text = path.read_text(encoding="utf-8")
+    m = re.search(r"CREATE OR REPLACE FUNCTION __SCHEMA__\.claim_batch_v4\(.*?^END \$function\$;", text,
+                  re.S | re.M)
+    if m is None:
+        raise SystemExit(f"{path}: no CREATE OR REPLACE FUNCTION __SCHEMA__.claim_batch_v4 ... END $function$;")
+    return m.group(0)
+
+
+class Arm:
+    """One schema: its producers (one per lane), its claimer and the statements they run."""
+
+    def __init__(self, dsn: str, schema: str, lanes: int) -> None:
+        self.schema = schema
+        self.claimer = connect(dsn, application_name="perf:claim_order:claimer")
+        use_raw_jsonb(self.claimer)
+        self.claimer.execute(f"SELECT {schema}.queue_ensure(%s)", (QUEUE,))
+        self.producers = shard_conns(dsn, schema, QUEUE, lanes)
+        self.enqueue = f"SELECT {schema}.job_enqueue_v3(%s, 2, 'bench.noop', '{{}}'::jsonb, NULL, 25, NULL)"
+        self.claim = Storage(schema).q["lane_claim"]
+        self.turn = 0
+
+    def block(self, claims: int, batch: int) -> tuple[float, float]:
+        """(backend CPU us, round trip us) per claim over ``claims`` claims of ``batch`` jobs."""
+        pid = self.claimer.info.backend_pid
+        cpu = wall = 0.0
+        for _ in range(claims):
+            for _ in range(batch):
+                self.producers[self.turn % len(self.producers)].execute(self.enqueue, (QUEUE,))
+                self.turn += 1
+            c0, t0 = backend_cpu(pid), time.perf_counter()
+            rows = self.claimer.execute(self.claim, (QUEUE, batch, 0, 1), prepare=True).fetchall()
+            wall += time.perf_counter() - t0
+            cpu += backend_cpu(pid) - c0
+            if sum(1 for r in rows if r[0] is not None) != batch:
+                raise SystemExit(f"{self.schema}: a claim took {len(rows)} rows, not {batch}")
+        return cpu / claims * 1e6, wall / claims * 1e6
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dsn", required=True)
+    ap.add_argument("--schema", default="bench_claim_order")
+    ap.add_argument("--lanes", type=int, default=6)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--per-block", type=int, default=600)
+    ap.add_argument("--before", default=str(ROOT / "sql" / "0032_claim_segment_current_slot.sql"))
+    args = ap.parse_args()
+    if not args.schema.startswith("bench"):
+        raise SystemExit("--schema must start with 'bench' (it is dropped)")
+    arms = {}
+    for name in ("before", "after"):
+        schema = f"{args.schema}_{name}"
+        with psycopg.connect(args.dsn, autocommit=True) as c:
+            c.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        migrate(args.dsn, schema)
+        if name == "before":
+            with psycopg.connect(args.dsn, autocommit=True) as c:
+                c.execute(claim_body(pathlib.Path(args.before)).replace("__SCHEMA__", schema))
+        arms[name] = Arm(args.dsn, schema, args.lanes)
+    for arm in arms.values():
+        arm.block(50, args.batch)  # plans made, lanes created
+    load = os.getloadavg()[0]
+    res: dict[str, list[tuple[float, float]]] = {"before": [], "after": []}
+    for r in range(args.rounds):
+        for name in (("before", "after") if r % 2 == 0 else ("after", "before")):
+            res[name].append(arms[name].block(args.per_block, args.batch))
+    print(f"{args.lanes} lanes, claims of {args.batch}, {args.rounds} rounds x {args.per_block} claims per arm; "
+          f"load {load:.2f} -> {os.getloadavg()[0]:.2f}; before = {pathlib.Path(args.before).name}")
+    for name, rows in res.items():
+        cpu = [x[0] for x in rows]
+        print(f"{name:6s} backend CPU us/claim median {statistics.median(cpu):7.0f}  blocks {[round(x) for x in cpu]}"
+              f"  round trip median {statistics.median(x[1] for x in rows):7.0f} us")
+    lower = sum(1 for b, a in zip(res["before"], res["after"]) if a[0] < b[0])
+    print(f"after lower in {lower} of {args.rounds} rounds")
+    for arm in arms.values():
+        for c in (arm.claimer, *arm.producers):
+            c.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
