@@ -1,16 +1,20 @@
 """A claim body against the one this checkout migrates to, on a queue fed through several lanes.
 
-Two schemas on one server: ``<schema>_before`` is migrated fully, then gets ``claim_batch_v4`` as
-``--before`` states it (default: migration 0032, the claim before 0034); ``<schema>_after`` is
-migrated fully. In each, ``--lanes`` producer connections on distinct enqueue shards take turns
-(one job each, ``job_enqueue_v3``, committed), so the lanes a claim took from stay candidates
-behind their receipts, as in a queue fed by several producer connections; a claimer then claims
-``--batch`` jobs. Blocks of ``--per-block`` claims alternate between the schemas (AB BA ...);
+Two schemas on one server: ``<schema>_before`` is migrated fully, then gets the claim function as
+``--before`` states it; ``<schema>_after`` is migrated fully. The function is ``claim_batch_v4``
+(the plain claim; default ``--before``: migration 0032, the body before 0034), or with
+``--limited`` ``claim_batch_v3``, which ``lane_claim_limited`` calls for a queue with limits (the
+queue gets a rate limit far above what the run reaches; default ``--before``: 0025).
+
+In each schema, ``--lanes`` producer connections on distinct enqueue shards take turns (one job
+each, ``job_enqueue_v3``, committed), so the lanes a claim took from stay candidates behind their
+receipts, as in a queue fed by several producer connections; a claimer then claims ``--batch``
+jobs. Blocks of ``--per-block`` claims alternate between the schemas (AB BA ...);
 only the claim call is measured: its backend's CPU (``/proc/<pid>/stat``, so the server must be
 local) and its round trip, per claim.
 
     .venv/bin/python perf/claim_order_ab.py --dsn DSN [--schema bench_claim_order] [--lanes 6]
-        [--batch 1] [--rounds 8] [--per-block 600] [--before sql/0032_claim_segment_current_slot.sql]
+        [--batch 1] [--rounds 8] [--per-block 600] [--limited] [--before sql/NNNN_....sql]
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import time
 import psycopg
 from claim_lanes_ab import shard_conns  # perf/ is on the path when this runs as a script
 
+from awa_fast.limits import Rate
 from awa_fast.storage import Storage, connect, use_raw_jsonb
 from awa_fast.storage.migrate import migrate
 
@@ -40,27 +45,30 @@ def backend_cpu(pid: int) -> float:
     return (int(rest[11]) + int(rest[12])) / _CLK
 
 
-def claim_body(path: pathlib.Path) -> str:
-    """The CREATE OR REPLACE FUNCTION of claim_batch_v4 in a migration file."""
+def claim_body(path: pathlib.Path, function: str) -> str:
+    """The CREATE OR REPLACE FUNCTION of ``function`` in a migration file."""
     text = path.read_text(encoding="utf-8")
-    m = re.search(r"CREATE OR REPLACE FUNCTION __SCHEMA__\.claim_batch_v4\(.*?^END \$function\$;", text,
+    m = re.search(r"CREATE OR REPLACE FUNCTION __SCHEMA__\." + function + r"\(.*?^END \$function\$;", text,
                   re.S | re.M)
     if m is None:
-        raise SystemExit(f"{path}: no CREATE OR REPLACE FUNCTION __SCHEMA__.claim_batch_v4 ... END $function$;")
+        raise SystemExit(f"{path}: no CREATE OR REPLACE FUNCTION __SCHEMA__.{function} ... END $function$;")
     return m.group(0)
 
 
 class Arm:
     """One schema: its producers (one per lane), its claimer and the statements they run."""
 
-    def __init__(self, dsn: str, schema: str, lanes: int) -> None:
+    def __init__(self, dsn: str, schema: str, lanes: int, limited: bool) -> None:
         self.schema = schema
         self.claimer = connect(dsn, application_name="perf:claim_order:claimer")
         use_raw_jsonb(self.claimer)
+        storage = Storage(schema)
         self.claimer.execute(f"SELECT {schema}.queue_ensure(%s)", (QUEUE,))
+        if limited:
+            storage.queue_limits_set(self.claimer, QUEUE, max_rate=Rate(1e6))
         self.producers = shard_conns(dsn, schema, QUEUE, lanes)
         self.enqueue = f"SELECT {schema}.job_enqueue_v3(%s, 2, 'bench.noop', '{{}}'::jsonb, NULL, 25, NULL)"
-        self.claim = Storage(schema).q["lane_claim"]
+        self.claim = storage.q["lane_claim_limited" if limited else "lane_claim"]
         self.turn = 0
 
     def block(self, claims: int, batch: int) -> tuple[float, float]:
@@ -88,8 +96,12 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--per-block", type=int, default=600)
-    ap.add_argument("--before", default=str(ROOT / "sql" / "0032_claim_segment_current_slot.sql"))
+    ap.add_argument("--limited", action="store_true", help="claim_batch_v3, through lane_claim_limited")
+    ap.add_argument("--before", help="the migration file whose body the before schema gets")
     args = ap.parse_args()
+    function = "claim_batch_v3" if args.limited else "claim_batch_v4"
+    before = pathlib.Path(args.before) if args.before else ROOT / "sql" / (
+        "0025_receipt_marks.sql" if args.limited else "0032_claim_segment_current_slot.sql")
     if not args.schema.startswith("bench"):
         raise SystemExit("--schema must start with 'bench' (it is dropped)")
     arms = {}
@@ -100,8 +112,8 @@ def main() -> int:
         migrate(args.dsn, schema)
         if name == "before":
             with psycopg.connect(args.dsn, autocommit=True) as c:
-                c.execute(claim_body(pathlib.Path(args.before)).replace("__SCHEMA__", schema))
-        arms[name] = Arm(args.dsn, schema, args.lanes)
+                c.execute(claim_body(before, function).replace("__SCHEMA__", schema))
+        arms[name] = Arm(args.dsn, schema, args.lanes, args.limited)
     for arm in arms.values():
         arm.block(50, args.batch)  # plans made, lanes created
     load = os.getloadavg()[0]
@@ -110,7 +122,7 @@ def main() -> int:
         for name in (("before", "after") if r % 2 == 0 else ("after", "before")):
             res[name].append(arms[name].block(args.per_block, args.batch))
     print(f"{args.lanes} lanes, claims of {args.batch}, {args.rounds} rounds x {args.per_block} claims per arm; "
-          f"load {load:.2f} -> {os.getloadavg()[0]:.2f}; before = {pathlib.Path(args.before).name}")
+          f"load {load:.2f} -> {os.getloadavg()[0]:.2f}; {function}, before = {before.name}")
     for name, rows in res.items():
         cpu = [x[0] for x in rows]
         print(f"{name:6s} backend CPU us/claim median {statistics.median(cpu):7.0f}  blocks {[round(x) for x in cpu]}"

@@ -1046,6 +1046,13 @@ DECLARE
     v_seqs bigint[];
     v_rseq regclass;
     v_from bigint;
+    v_guess int;
+    v_guessed boolean := false;
+    v_hit boolean;
+    v_working int;
+    v_lane_curs bigint[];
+    v_heads bigint[];
+    v_shards int[];
 BEGIN
     SELECT * INTO v_meta FROM __SCHEMA__.queue_meta m WHERE m.queue = p_queue;
     IF NOT FOUND THEN
@@ -1068,38 +1075,54 @@ BEGIN
     WHERE h.queue = p_queue
       AND pg_sequence_last_value(e.enqueue_seq) > pg_sequence_last_value(h.claim_seq);
     IF cardinality(v_lids) > 1 THEN
-        -- Several lanes: claim-time aged priority, then oldest head, then the
-        -- caller's stripe (the order of claim_batch). Lanes whose rows are all
-        -- covered by receipts already (head_at NULL) come last and are only
+        -- Several lanes. Each one's effective cursor first (the claim cursor lags one claim
+        -- behind its own receipts; Index: lease_claims_lane), the lanes with numbers past it
+        -- first, in lane order. One such lane at most: that order is the claim's (the one-lane
+        -- path, no segment read). Several: claim-time aged priority, then oldest head, then
+        -- the caller's stripe (the order of claim_batch), from each one's oldest unclaimed
+        -- segment. Lanes whose rows are all covered by receipts already come last and are only
         -- noted with their position, for the backlog check below.
-        SELECT array_agg(x.lid ORDER BY x.k1, x.k2, x.k3, x.k4), array_agg(x.prio ORDER BY x.k1, x.k2, x.k3, x.k4),
-               array_agg(x.cseq ORDER BY x.k1, x.k2, x.k3, x.k4), array_agg(x.eseq ORDER BY x.k1, x.k2, x.k3, x.k4),
-               array_agg(CASE WHEN x.k3 IS NULL THEN x.cur END ORDER BY x.k1, x.k2, x.k3, x.k4)
-        INTO v_lids, v_prios, v_cseqs, v_eseqs, v_curs
-        FROM (
-            SELECT h.lane_id AS lid, h.priority AS prio, h.claim_seq AS cseq, e.enqueue_seq AS eseq, q.cur,
-                h.priority - floor(extract(epoch FROM now() - a.head_at) / v_aging) AS k1,
-                h.priority AS k2, a.head_at AS k3,
-                ((h.shard - p_stripe) % greatest(p_stripes, 1) + greatest(p_stripes, 1))
-                    % greatest(p_stripes, 1) AS k4
-            FROM __SCHEMA__.queue_claim_heads h
-            JOIN __SCHEMA__.queue_enqueue_heads e ON e.lane_id = h.lane_id
-            CROSS JOIN LATERAL (SELECT pg_sequence_last_value(h.claim_seq) AS seq_cur,
-                                       pg_sequence_last_value(e.enqueue_seq) AS head) q0
-            CROSS JOIN LATERAL (
-                -- the effective cursor: the claim cursor lags one claim behind
-                -- its own receipts (Index: lease_claims_lane)
-                SELECT greatest(q0.seq_cur, (SELECT max(c.last_seq) FROM __SCHEMA__.lease_claims c
-                                             WHERE c.lane_id = h.lane_id AND c.last_seq > q0.seq_cur
-                                               AND c.last_seq <= 9223372036854775807)) AS cur,
-                       q0.head) q
-            LEFT JOIN LATERAL (
-                -- age of the lane head: its oldest unclaimed segment
-                SELECT g.created_at AS head_at FROM __SCHEMA__.ready_segments g
-                WHERE g.lane_id = h.lane_id AND g.last_seq > q.cur AND q.head > q.cur
-                ORDER BY g.last_seq LIMIT 1) a ON true
-            WHERE h.lane_id = ANY(v_lids)
-        ) x;
+        SELECT count(*) FILTER (WHERE q.head > q.cur),
+               array_agg(h.lane_id ORDER BY q.head <= q.cur, h.lane_id),
+               array_agg(h.priority ORDER BY q.head <= q.cur, h.lane_id),
+               array_agg(h.claim_seq ORDER BY q.head <= q.cur, h.lane_id),
+               array_agg(e.enqueue_seq ORDER BY q.head <= q.cur, h.lane_id),
+               array_agg(CASE WHEN q.head <= q.cur THEN q.cur END ORDER BY q.head <= q.cur, h.lane_id),
+               array_agg(q.cur ORDER BY q.head <= q.cur, h.lane_id),
+               array_agg(q.head ORDER BY q.head <= q.cur, h.lane_id),
+               array_agg(h.shard ORDER BY q.head <= q.cur, h.lane_id)
+        INTO v_working, v_lids, v_prios, v_cseqs, v_eseqs, v_curs, v_lane_curs, v_heads, v_shards
+        FROM __SCHEMA__.queue_claim_heads h
+        JOIN __SCHEMA__.queue_enqueue_heads e ON e.lane_id = h.lane_id
+        CROSS JOIN LATERAL (SELECT pg_sequence_last_value(h.claim_seq) AS seq_cur,
+                                   pg_sequence_last_value(e.enqueue_seq) AS head OFFSET 0) q0
+        CROSS JOIN LATERAL (
+            -- (OFFSET 0: evaluated once per lane, not once per reference below)
+            SELECT greatest(q0.seq_cur, (SELECT max(c.last_seq) FROM __SCHEMA__.lease_claims c
+                                         WHERE c.lane_id = h.lane_id AND c.last_seq > q0.seq_cur
+                                           AND c.last_seq <= 9223372036854775807)) AS cur,
+                   q0.head OFFSET 0) q
+        WHERE h.lane_id = ANY(v_lids);
+        IF v_working > 1 THEN
+            SELECT array_agg(x.lid ORDER BY x.k1, x.k2, x.k3, x.k4), array_agg(x.prio ORDER BY x.k1, x.k2, x.k3, x.k4),
+                   array_agg(x.cseq ORDER BY x.k1, x.k2, x.k3, x.k4), array_agg(x.eseq ORDER BY x.k1, x.k2, x.k3, x.k4),
+                   array_agg(CASE WHEN x.k3 IS NULL THEN x.cur END ORDER BY x.k1, x.k2, x.k3, x.k4)
+            INTO v_lids, v_prios, v_cseqs, v_eseqs, v_curs
+            FROM (
+                SELECT u.lid, u.prio, u.cseq, u.eseq, u.cur,
+                    u.prio - floor(extract(epoch FROM now() - a.head_at) / v_aging) AS k1,
+                    u.prio AS k2, a.head_at AS k3,
+                    ((u.shard - p_stripe) % greatest(p_stripes, 1) + greatest(p_stripes, 1))
+                        % greatest(p_stripes, 1) AS k4
+                FROM unnest(v_lids, v_prios, v_cseqs, v_eseqs, v_lane_curs, v_heads, v_shards)
+                    AS u(lid, prio, cseq, eseq, cur, head, shard)
+                LEFT JOIN LATERAL (
+                    -- age of the lane head: its oldest unclaimed segment
+                    SELECT g.created_at AS head_at FROM __SCHEMA__.ready_segments g
+                    WHERE g.lane_id = u.lid AND g.last_seq > u.cur AND u.head > u.cur
+                    ORDER BY g.last_seq LIMIT 1) a ON true
+            ) x;
+        END IF;
     END IF;
     IF v_lids IS NOT NULL THEN
         v_claim_slot := __SCHEMA__.ring_current('claim');
@@ -1132,11 +1155,31 @@ BEGIN
             -- Index: ready_segments_lane (lane_id, last_seq)
             -- (its rows are committed with it, all in its slot: the first row past
             -- the position is v_first, and v_first .. v_seg_last are all there)
-            SELECT g.ready_slot, greatest(g.first_seq, v_cur + 1), g.last_seq
-            INTO v_slot, v_first, v_seg_last FROM __SCHEMA__.ready_segments g
-            WHERE g.lane_id = v_lid AND g.last_seq > v_cur
-            ORDER BY g.last_seq LIMIT 1;
-            EXIT WHEN NOT FOUND;
+            -- The current ready slot's child first (0032; pruned to that one child when the
+            -- plan starts, where the lookup over the ring starts every child): a segment
+            -- there that ends past the position and starts at or before the next number
+            -- holds that number, so it is the lane's first segment past the position (a
+            -- lane's segments cover disjoint ranges of its numbers), the one the lookup
+            -- over the whole ring would find. Any other answer there, or none: that lookup.
+            v_hit := false;
+            IF pg_sequence_last_value(v_eseq) - v_cur <= 64 THEN
+                -- a short backlog: its rows are recent, most often all in the current slot
+                IF NOT v_guessed THEN
+                    v_guess := __SCHEMA__.ring_current('ready');
+                    v_guessed := true;
+                END IF;
+                SELECT g.ready_slot, greatest(g.first_seq, v_cur + 1), g.last_seq, g.first_seq <= v_cur + 1
+                INTO v_slot, v_first, v_seg_last, v_hit FROM __SCHEMA__.ready_segments g
+                WHERE g.ready_slot = v_guess AND g.lane_id = v_lid AND g.last_seq > v_cur
+                ORDER BY g.last_seq LIMIT 1;
+            END IF;
+            IF NOT COALESCE(v_hit, false) THEN
+                SELECT g.ready_slot, greatest(g.first_seq, v_cur + 1), g.last_seq
+                INTO v_slot, v_first, v_seg_last FROM __SCHEMA__.ready_segments g
+                WHERE g.lane_id = v_lid AND g.last_seq > v_cur
+                ORDER BY g.last_seq LIMIT 1;
+                EXIT WHEN NOT FOUND;
+            END IF;
             v_claim_id := nextval('__SCHEMA__.claim_id_seq');
             -- The receipt first, from the narrow columns of the rows it takes
             -- (Index: ready_entries primary key (ready_slot, lane_id, lane_seq)).

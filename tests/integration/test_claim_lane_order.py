@@ -12,6 +12,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
+from awa_fast.limits import Rate
 from tests.fixtures.database import connect, scalar, sqlx
 from tests.integration.storage_helpers import claim, enqueue, warm_lanes
 
@@ -38,18 +39,29 @@ def _segment_indexes_locked(conn: psycopg.Connection, schema: str) -> list[str]:
         ORDER BY 1""").fetchall()]
 
 
-def test_a_claim_with_one_lane_of_work_starts_one_segment_child(schema, storage, conn):
+def _claims(storage, conn, limited: bool):
+    """Claims of Q on ``conn``: the plain claim (claim_batch_v4), or a limited queue's
+    (lane_claim_limited, which calls claim_batch_v3) under a rate far above what a test claims."""
+    if not limited:
+        return lambda limit: storage.lane_claim(conn, Q, limit)
+    storage.queue_limits_set(conn, Q, max_rate=Rate(1000))
+    return lambda limit: storage.lane_claim_limited_result(conn, Q, limit)[0]
+
+
+@pytest.mark.parametrize("limited", [False, True], ids=["plain", "limited"])
+def test_a_claim_with_one_lane_of_work_starts_one_segment_child(schema, storage, conn, limited):
+    take = _claims(storage, conn, limited)
     lagging = [enqueue(schema, conn, Q, {"p": p}, priority=p) for p in (1, 2, 3)]
-    assert sorted(s.job_id for s in claim(storage, conn, Q, 10)) == sorted(lagging)
+    assert sorted(s.job_id for s in take(10)) == sorted(lagging)
     # a round like the measured one, so the session has planned what it runs (planning a
     # generic plan opens every child's indexes; the measured claim must only run them)
     warm = enqueue(schema, conn, Q, {"warm": 1}, priority=2)
-    assert [s.job_id for s in claim(storage, conn, Q, 1)] == [warm]
+    assert [s.job_id for s in take(1)] == [warm]
     job = enqueue(schema, conn, Q, {"measured": 1}, priority=3)
     assert _candidates(conn, schema) >= 2  # the several-lanes path's premise: lagging lanes beside the one with work
     conn.execute("BEGIN")
     try:
-        snaps = storage.lane_claim(conn, Q, 1)  # inside the transaction, to read its locks before COMMIT
+        snaps = take(1)  # inside the transaction, to read its locks before COMMIT
         locked = _segment_indexes_locked(conn, schema)
     finally:
         conn.execute("COMMIT")
