@@ -83,8 +83,9 @@ class Arm:
             rows = self.claimer.execute(self.claim, (QUEUE, batch, 0, 1), prepare=True).fetchall()
             wall += time.perf_counter() - t0
             cpu += backend_cpu(pid) - c0
-            if sum(1 for r in rows if r[0] is not None) != batch:
-                raise SystemExit(f"{self.schema}: a claim took {len(rows)} rows, not {batch}")
+            took = sum(1 for r in rows if r[0] is not None)  # the backlog marker is no job
+            if took != batch:
+                raise SystemExit(f"{self.schema}: a claim took {took} jobs, not {batch}")
         return cpu / claims * 1e6, wall / claims * 1e6
 
 
@@ -102,6 +103,8 @@ def main() -> int:
     function = "claim_batch_v3" if args.limited else "claim_batch_v4"
     before = pathlib.Path(args.before) if args.before else ROOT / "sql" / (
         "0025_receipt_marks.sql" if args.limited else "0032_claim_segment_current_slot.sql")
+    if not 1 <= args.lanes <= 8:
+        raise SystemExit("--lanes: 1 to 8 (a queue's default enqueue shards; one lane per shard)")
     if not args.schema.startswith("bench"):
         raise SystemExit("--schema must start with 'bench' (it is dropped)")
     arms = {}

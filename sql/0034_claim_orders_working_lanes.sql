@@ -21,12 +21,18 @@
 -- the lanes with numbers past it first, in lane order, counting them. At
 -- most one such lane: that is the claim's order, the same path a queue with
 -- one candidate takes (lock the lane head, advance its cursor, look up its
--- segment in the current slot first, 0032); a lane whose numbers past its
--- receipts are not committed yet finds no segment there and is noted with
--- its position, as the ordering statement noted it before. Two or more: the
--- ordering statement of 0032 (claim-time aged priority, oldest head, the
--- caller's stripe), now over the values the first statement read. Lanes
--- with nothing past their receipts come last either way and are only noted.
+-- segment in the current slot first, 0032). A lane whose numbers past its
+-- receipts are not committed yet is thus locked (SKIP LOCKED, as any lane
+-- with work), its cursor advanced across committed receipts, and its segment
+-- looked up in the current slot and then over the ring; it finds none and
+-- is noted with its position, where the ordering statement noted it without
+-- a lock: the same rows, receipts and backlog marker. (Like the one-lane
+-- path, that lock and advance refuse an isolation level other than READ
+-- COMMITTED, 0028.) Two or more: the ordering statement of 0032 (claim-time
+-- aged priority, oldest head, the caller's stripe), now over the values the
+-- first statement read, with the lane id as a last key, so the five arrays
+-- it builds line up whatever ties the other keys leave. Lanes with nothing
+-- past their receipts come last either way and are only noted.
 --
 -- Both claim bodies change alike: claim_batch_v4, the claim of a queue
 -- without limits or keys, and claim_batch_v3, which lane_claim_limited (and
@@ -39,7 +45,7 @@
 -- Measured with perf/claim_order_ab.py (one-job claims, PostgreSQL 18,
 -- backend CPU per claim, blocks alternated; docs/performance-log.md,
 -- 2026-12-07 10:11 UTC on): claim_batch_v4 with 2 and 6 lanes 31-33% less,
--- one lane unchanged; claim_batch_v3 with 4 lanes 31% less, one lane 10%
+-- one lane unchanged; claim_batch_v3 with 4 lanes 28% less, one lane 8%
 -- less (0032's lookup).
 --
 -- Compatibility: the previous runtime calls the same functions and gets the
@@ -137,9 +143,9 @@ BEGIN
                    q0.head OFFSET 0) q
         WHERE h.lane_id = ANY(v_lids);
         IF v_working > 1 THEN
-            SELECT array_agg(x.lid ORDER BY x.k1, x.k2, x.k3, x.k4), array_agg(x.prio ORDER BY x.k1, x.k2, x.k3, x.k4),
-                   array_agg(x.cseq ORDER BY x.k1, x.k2, x.k3, x.k4), array_agg(x.eseq ORDER BY x.k1, x.k2, x.k3, x.k4),
-                   array_agg(CASE WHEN x.k3 IS NULL THEN x.cur END ORDER BY x.k1, x.k2, x.k3, x.k4)
+            SELECT array_agg(x.lid ORDER BY x.k1, x.k2, x.k3, x.k4, x.lid), array_agg(x.prio ORDER BY x.k1, x.k2, x.k3, x.k4, x.lid),
+                   array_agg(x.cseq ORDER BY x.k1, x.k2, x.k3, x.k4, x.lid), array_agg(x.eseq ORDER BY x.k1, x.k2, x.k3, x.k4, x.lid),
+                   array_agg(CASE WHEN x.k3 IS NULL THEN x.cur END ORDER BY x.k1, x.k2, x.k3, x.k4, x.lid)
             INTO v_lids, v_prios, v_cseqs, v_eseqs, v_curs
             FROM (
                 SELECT u.lid, u.prio, u.cseq, u.eseq, u.cur,
@@ -417,9 +423,9 @@ BEGIN
                    q0.head OFFSET 0) q
         WHERE h.lane_id = ANY(v_lids);
         IF v_working > 1 THEN
-            SELECT array_agg(x.lid ORDER BY x.k1, x.k2, x.k3, x.k4), array_agg(x.prio ORDER BY x.k1, x.k2, x.k3, x.k4),
-                   array_agg(x.cseq ORDER BY x.k1, x.k2, x.k3, x.k4), array_agg(x.eseq ORDER BY x.k1, x.k2, x.k3, x.k4),
-                   array_agg(CASE WHEN x.k3 IS NULL THEN x.cur END ORDER BY x.k1, x.k2, x.k3, x.k4)
+            SELECT array_agg(x.lid ORDER BY x.k1, x.k2, x.k3, x.k4, x.lid), array_agg(x.prio ORDER BY x.k1, x.k2, x.k3, x.k4, x.lid),
+                   array_agg(x.cseq ORDER BY x.k1, x.k2, x.k3, x.k4, x.lid), array_agg(x.eseq ORDER BY x.k1, x.k2, x.k3, x.k4, x.lid),
+                   array_agg(CASE WHEN x.k3 IS NULL THEN x.cur END ORDER BY x.k1, x.k2, x.k3, x.k4, x.lid)
             INTO v_lids, v_prios, v_cseqs, v_eseqs, v_curs
             FROM (
                 SELECT u.lid, u.prio, u.cseq, u.eseq, u.cur,

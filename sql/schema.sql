@@ -1104,9 +1104,9 @@ BEGIN
                    q0.head OFFSET 0) q
         WHERE h.lane_id = ANY(v_lids);
         IF v_working > 1 THEN
-            SELECT array_agg(x.lid ORDER BY x.k1, x.k2, x.k3, x.k4), array_agg(x.prio ORDER BY x.k1, x.k2, x.k3, x.k4),
-                   array_agg(x.cseq ORDER BY x.k1, x.k2, x.k3, x.k4), array_agg(x.eseq ORDER BY x.k1, x.k2, x.k3, x.k4),
-                   array_agg(CASE WHEN x.k3 IS NULL THEN x.cur END ORDER BY x.k1, x.k2, x.k3, x.k4)
+            SELECT array_agg(x.lid ORDER BY x.k1, x.k2, x.k3, x.k4, x.lid), array_agg(x.prio ORDER BY x.k1, x.k2, x.k3, x.k4, x.lid),
+                   array_agg(x.cseq ORDER BY x.k1, x.k2, x.k3, x.k4, x.lid), array_agg(x.eseq ORDER BY x.k1, x.k2, x.k3, x.k4, x.lid),
+                   array_agg(CASE WHEN x.k3 IS NULL THEN x.cur END ORDER BY x.k1, x.k2, x.k3, x.k4, x.lid)
             INTO v_lids, v_prios, v_cseqs, v_eseqs, v_curs
             FROM (
                 SELECT u.lid, u.prio, u.cseq, u.eseq, u.cur,
@@ -1370,9 +1370,9 @@ BEGIN
                    q0.head OFFSET 0) q
         WHERE h.lane_id = ANY(v_lids);
         IF v_working > 1 THEN
-            SELECT array_agg(x.lid ORDER BY x.k1, x.k2, x.k3, x.k4), array_agg(x.prio ORDER BY x.k1, x.k2, x.k3, x.k4),
-                   array_agg(x.cseq ORDER BY x.k1, x.k2, x.k3, x.k4), array_agg(x.eseq ORDER BY x.k1, x.k2, x.k3, x.k4),
-                   array_agg(CASE WHEN x.k3 IS NULL THEN x.cur END ORDER BY x.k1, x.k2, x.k3, x.k4)
+            SELECT array_agg(x.lid ORDER BY x.k1, x.k2, x.k3, x.k4, x.lid), array_agg(x.prio ORDER BY x.k1, x.k2, x.k3, x.k4, x.lid),
+                   array_agg(x.cseq ORDER BY x.k1, x.k2, x.k3, x.k4, x.lid), array_agg(x.eseq ORDER BY x.k1, x.k2, x.k3, x.k4, x.lid),
+                   array_agg(CASE WHEN x.k3 IS NULL THEN x.cur END ORDER BY x.k1, x.k2, x.k3, x.k4, x.lid)
             INTO v_lids, v_prios, v_cseqs, v_eseqs, v_curs
             FROM (
                 SELECT u.lid, u.prio, u.cseq, u.eseq, u.cur,
