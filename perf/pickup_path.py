@@ -21,7 +21,12 @@ bug L in docs/reliability.md; here only to show what the WAL flush costs).
 The difference between ``awa-fast bench latency``'s pickup and this
 ``pickup`` is the runtime's own share.
 
-    .venv/bin/python perf/pickup_path.py [--dsn DSN] [--rate 200] [--seconds 10] [--json]
+``--producer-connections N`` sends the jobs through N connections in turn,
+one per enqueue shard, so one lane each, as an application's pool of
+several connections does. Each claim then also sees the lanes the last
+claims emptied, whose cursors lag their receipts (see migration 0034).
+
+    .venv/bin/python perf/pickup_path.py [--dsn DSN] [--rate 200] [--seconds 10] [--producer-connections N] [--json]
     .venv/bin/python perf/pickup_path.py --quick        # one short run: proves it works
 """
 
@@ -36,10 +41,13 @@ import threading
 import time
 from typing import Any
 
+import orjson
+
 from awa_fast.app import App
 from awa_fast.bench import KIND, QUEUE, percentiles, steady_producer
 from awa_fast.cli import resolve_dsn
-from awa_fast.storage import Storage, connect, use_raw_jsonb
+from awa_fast.client import PRIORITY_DEFAULT
+from awa_fast.storage import RawJson, Storage, connect, use_raw_jsonb
 from awa_fast.storage.migrate import migrate
 
 SCHEMA = "perf_pickup_path"
@@ -53,15 +61,41 @@ class _AckWriter:
         sys.stdout.flush()
 
 
-def produce(dsn: str, rate: float, seconds: float) -> None:
-    """Producer mode: the latency bench's producer (App.enqueue, one job per transaction) at ``rate``."""
-    app = App(dsn=dsn, schema=SCHEMA)
-    app.enqueue(KIND, {"warm": 1}, queue="pickup-warmup")  # connect and plan outside the window
+class _Rotating:
+    """An ``App.enqueue`` stand-in that sends each job through the next of several connections,
+    one per enqueue shard (so one lane each): a producer with several connections, as a pool
+    of a multi-threaded or multi-process application is. Same statement as ``App.enqueue``."""
+
+    def __init__(self, dsn: str, connections: int) -> None:
+        from claim_lanes_ab import shard_conns  # perf/ is on the path when this runs as a script
+
+        self.storage = Storage(SCHEMA)
+        with connect(dsn) as c:
+            c.execute(f"SELECT {SCHEMA}.queue_ensure(%s)", (QUEUE,))
+        self.conns = shard_conns(dsn, SCHEMA, QUEUE, connections)
+        self.turn = 0
+
+    def enqueue(self, kind: str, args: Any, *, queue: str) -> int:
+        conn = self.conns[self.turn % len(self.conns)]
+        self.turn += 1
+        return self.storage.job_enqueue(conn, queue, PRIORITY_DEFAULT, kind, RawJson(orjson.dumps(args)), None, 25)
+
+    def close(self) -> None:
+        for c in self.conns:
+            c.close()
+
+
+def produce(dsn: str, rate: float, seconds: float, connections: int = 1) -> None:
+    """Producer mode: the latency bench's producer (App.enqueue, one job per transaction) at ``rate``;
+    with ``connections`` > 1, the same statement through that many connections in turn."""
+    app: Any = App(dsn=dsn, schema=SCHEMA) if connections == 1 else _Rotating(dsn, connections)
+    for _ in range(max(2, connections)):
+        app.enqueue(KIND, {"warm": 1}, queue="pickup-warmup")  # connect and plan outside the window
     steady_producer(app, rate, seconds, _AckWriter())  # type: ignore[arg-type]
     app.close()
 
 
-def run_leg(dsn: str, rate: float, seconds: float, durable: bool) -> dict[str, Any]:
+def run_leg(dsn: str, rate: float, seconds: float, durable: bool, connections: int = 1) -> dict[str, Any]:
     """One run: a producer subprocess and the listen-and-claim loop here."""
     storage = Storage(SCHEMA)
     conn = connect(dsn, application_name="awa_fast:perf:pickup-claimer")
@@ -73,7 +107,8 @@ def run_leg(dsn: str, rate: float, seconds: float, durable: bool) -> dict[str, A
     conn.execute(f"LISTEN {storage.channel}")
     acks: dict[int, float] = {}
     producer = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--producer", "--dsn", dsn,
-                                 "--rate", str(rate), "--seconds", str(seconds)],
+                                 "--rate", str(rate), "--seconds", str(seconds),
+                                 "--producer-connections", str(connections)],
                                 stdout=subprocess.PIPE, text=True)
 
     def read_acks() -> None:
@@ -134,11 +169,15 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--quick", action="store_true", help="one-second legs: proves the script runs")
+    ap.add_argument("--producer-connections", type=int, default=1, metavar="N",
+                    help="enqueue through N connections in turn, one lane each (1-8; default 1: App.enqueue)")
     ap.add_argument("--producer", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     dsn = resolve_dsn(args.dsn)
+    if not 1 <= args.producer_connections <= 8:
+        raise SystemExit("--producer-connections: 1 to 8 (a queue's default enqueue shards)")
     if args.producer:
-        produce(dsn, args.rate, args.seconds)
+        produce(dsn, args.rate, args.seconds, args.producer_connections)
         return 0
     seconds = 1.0 if args.quick else args.seconds
     with connect(dsn) as conn:
@@ -148,7 +187,9 @@ def main() -> int:
     result = {
         "rate": args.rate, "seconds": seconds, "loadavg_start": [round(x, 2) for x in load0],
         "durable_commit_ms": commit_ms(dsn, 50 if args.quick else 500),
-        "legs": [run_leg(dsn, args.rate, seconds, durable=True), run_leg(dsn, args.rate, seconds, durable=False)],
+        "producer_connections": args.producer_connections,
+        "legs": [run_leg(dsn, args.rate, seconds, durable=True, connections=args.producer_connections),
+                 run_leg(dsn, args.rate, seconds, durable=False, connections=args.producer_connections)],
         "loadavg_end": [round(x, 2) for x in os.getloadavg()],
     }
     with connect(dsn) as conn:
@@ -156,7 +197,8 @@ def main() -> int:
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
-    print(f"rate {args.rate:g}/s for {seconds:g} s; load {result['loadavg_start']} -> {result['loadavg_end']}")
+    print(f"rate {args.rate:g}/s for {seconds:g} s, {args.producer_connections} producer connection(s); "
+          f"load {result['loadavg_start']} -> {result['loadavg_end']}")
     c = result["durable_commit_ms"]
     print(f"one-row INSERT + durable commit: p50 {c['p50']:.2f} ms, p95 {c['p95']:.2f} ms")
     print("| claim commit | jobs | notify p50/p95 ms | claim p50/p95 ms | pickup p50/p95/p99 ms |")
