@@ -23,10 +23,15 @@ The difference between ``awa-fast bench latency``'s pickup and this
 
 ``--producer-connections N`` sends the jobs through N connections in turn,
 one per enqueue shard, so one lane each, as an application's pool of
-several connections does. Each claim then also sees the lanes the last
+several connections does. ``--runtime-rule`` stops claiming after a short
+claim of fewer than 8 rows without the backlog marker, as the runtime's
+claimer does (by default the loop claims until a claim comes back empty,
+and that empty claim, with one candidate lane, advances the lane's cursor
+over its last receipt). With both, each claim also sees the lanes the last
 claims emptied, whose cursors lag their receipts (see migration 0034).
 
-    .venv/bin/python perf/pickup_path.py [--dsn DSN] [--rate 200] [--seconds 10] [--producer-connections N] [--json]
+    .venv/bin/python perf/pickup_path.py [--dsn DSN] [--rate 200] [--seconds 10] [--json]
+        [--producer-connections N] [--runtime-rule]
     .venv/bin/python perf/pickup_path.py --quick        # one short run: proves it works
 """
 
@@ -95,7 +100,8 @@ def produce(dsn: str, rate: float, seconds: float, connections: int = 1) -> None
     app.close()
 
 
-def run_leg(dsn: str, rate: float, seconds: float, durable: bool, connections: int = 1) -> dict[str, Any]:
+def run_leg(dsn: str, rate: float, seconds: float, durable: bool, connections: int = 1,
+            runtime_rule: bool = False) -> dict[str, Any]:
     """One run: a producer subprocess and the listen-and-claim loop here."""
     storage = Storage(SCHEMA)
     conn = connect(dsn, application_name="awa_fast:perf:pickup-claimer")
@@ -133,6 +139,8 @@ def run_leg(dsn: str, rate: float, seconds: float, durable: bool, connections: i
                 claimed[snap.job_id] = (t_notify, t_claim)
             if not snaps and not busy:
                 break
+            if runtime_rule and len(snaps) < 8 and not busy:
+                break  # the runtime's claimer: a short claim of a few rows and no marker waits for a NOTIFY
     producer.wait(10)
     reader.join(10)
     conn.close()
@@ -171,6 +179,9 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="one-second legs: proves the script runs")
     ap.add_argument("--producer-connections", type=int, default=1, metavar="N",
                     help="enqueue through N connections in turn, one lane each (1-8; default 1: App.enqueue)")
+    ap.add_argument("--runtime-rule", action="store_true",
+                    help="after a short claim of fewer than 8 rows and no backlog marker, wait for the next "
+                         "NOTIFY as the runtime's claimer does (default: claim until a claim comes back empty)")
     ap.add_argument("--producer", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     dsn = resolve_dsn(args.dsn)
@@ -188,8 +199,9 @@ def main() -> int:
         "rate": args.rate, "seconds": seconds, "loadavg_start": [round(x, 2) for x in load0],
         "durable_commit_ms": commit_ms(dsn, 50 if args.quick else 500),
         "producer_connections": args.producer_connections,
-        "legs": [run_leg(dsn, args.rate, seconds, durable=True, connections=args.producer_connections),
-                 run_leg(dsn, args.rate, seconds, durable=False, connections=args.producer_connections)],
+        "runtime_rule": args.runtime_rule,
+        "legs": [run_leg(dsn, args.rate, seconds, durable=d, connections=args.producer_connections,
+                         runtime_rule=args.runtime_rule) for d in (True, False)],
         "loadavg_end": [round(x, 2) for x in os.getloadavg()],
     }
     with connect(dsn) as conn:
