@@ -1,10 +1,11 @@
 """A claim body against the one this checkout migrates to, on a queue fed through several lanes.
 
 Two schemas on one server: ``<schema>_before`` is migrated fully, then gets the claim function as
-``--before`` states it; ``<schema>_after`` is migrated fully. The function is ``claim_batch_v4``
-(the plain claim; default ``--before``: migration 0032, the body before 0034), or with
-``--limited`` ``claim_batch_v3``, which ``lane_claim_limited`` calls for a queue with limits (the
-queue gets a rate limit far above what the run reaches; default ``--before``: 0025).
+it stood after migration ``--before`` (default: the last migration before the newest one that
+restates it); ``<schema>_after`` is migrated fully. The function is ``claim_batch_v4`` (the plain
+claim; by default its body of 0032, before 0034), or with ``--limited`` ``claim_batch_v3``, which
+``lane_claim_limited`` calls for a queue with limits (the queue gets a rate limit far above what
+the run reaches; by default its body of 0025).
 
 In each schema, ``--lanes`` producer connections on distinct enqueue shards take turns (one job
 each, ``job_enqueue_v3``, committed), so the lanes a claim took from stay candidates behind their
@@ -14,45 +15,44 @@ only the claim call is measured: its backend's CPU (``/proc/<pid>/stat``, so the
 local) and its round trip, per claim.
 
     .venv/bin/python perf/claim_order_ab.py --dsn DSN [--schema bench_claim_order] [--lanes 6]
-        [--batch 1] [--rounds 8] [--per-block 600] [--limited] [--before sql/NNNN_....sql]
+        [--batch 1] [--rounds 8] [--per-block 600] [--limited] [--before VERSION]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import pathlib
-import re
 import statistics
 import time
 
 import psycopg
 from claim_lanes_ab import shard_conns  # perf/ is on the path when this runs as a script
+from claim_segment_ab import backend_cpu
 
 from awa_fast.limits import Rate
 from awa_fast.storage import Storage, connect, use_raw_jsonb
 from awa_fast.storage.migrate import migrate
+from awa_fast.storage.schema import migrations
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 QUEUE = "claim_order"
-_CLK = os.sysconf("SC_CLK_TCK")
 
 
-def backend_cpu(pid: int) -> float:
-    """User plus system CPU seconds of one local backend."""
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        rest = f.read().rsplit(b")", 1)[1].split()
-    return (int(rest[11]) + int(rest[12])) / _CLK
+def restating(function: str) -> list[int]:
+    """The versions of the migrations that restate ``function`` (CREATE OR REPLACE), in order."""
+    head = f"CREATE OR REPLACE FUNCTION __SCHEMA__.{function}("
+    return [m.version for m in migrations() if head in m.text]
 
 
-def claim_body(path: pathlib.Path, function: str) -> str:
-    """The CREATE OR REPLACE FUNCTION of ``function`` in a migration file."""
-    text = path.read_text(encoding="utf-8")
-    m = re.search(r"CREATE OR REPLACE FUNCTION __SCHEMA__\." + function + r"\(.*?^END \$function\$;", text,
-                  re.S | re.M)
-    if m is None:
-        raise SystemExit(f"{path}: no CREATE OR REPLACE FUNCTION __SCHEMA__.{function} ... END $function$;")
-    return m.group(0)
+def body_as_of(function: str, version: int) -> str:
+    """``function``'s CREATE OR REPLACE statement as the last migration up to ``version`` states it."""
+    head = f"CREATE OR REPLACE FUNCTION __SCHEMA__.{function}("
+    stated = [v for v in restating(function) if v <= version]
+    if not stated:
+        raise SystemExit(f"no migration up to {version} restates {function}")
+    text = migrations()[stated[-1] - 1].text
+    start = text.index(head)
+    end = text.index("END $function$;", start) + len("END $function$;")
+    return text[start:end]
 
 
 class Arm:
@@ -98,11 +98,11 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--per-block", type=int, default=600)
     ap.add_argument("--limited", action="store_true", help="claim_batch_v3, through lane_claim_limited")
-    ap.add_argument("--before", help="the migration file whose body the before schema gets")
+    ap.add_argument("--before", type=int, metavar="VERSION",
+                    help="the before schema gets the function as it stood after this migration")
     args = ap.parse_args()
     function = "claim_batch_v3" if args.limited else "claim_batch_v4"
-    before = pathlib.Path(args.before) if args.before else ROOT / "sql" / (
-        "0025_receipt_marks.sql" if args.limited else "0032_claim_segment_current_slot.sql")
+    before = args.before if args.before is not None else restating(function)[-2]
     if not 1 <= args.lanes <= 8:
         raise SystemExit("--lanes: 1 to 8 (a queue's default enqueue shards; one lane per shard)")
     if not args.schema.startswith("bench"):
@@ -115,7 +115,7 @@ def main() -> int:
         migrate(args.dsn, schema)
         if name == "before":
             with psycopg.connect(args.dsn, autocommit=True) as c:
-                c.execute(claim_body(before, function).replace("__SCHEMA__", schema))
+                c.execute(body_as_of(function, before).replace("__SCHEMA__", schema))
         arms[name] = Arm(args.dsn, schema, args.lanes, args.limited)
     for arm in arms.values():
         arm.block(50, args.batch)  # plans made, lanes created
@@ -125,7 +125,7 @@ def main() -> int:
         for name in (("before", "after") if r % 2 == 0 else ("after", "before")):
             res[name].append(arms[name].block(args.per_block, args.batch))
     print(f"{args.lanes} lanes, claims of {args.batch}, {args.rounds} rounds x {args.per_block} claims per arm; "
-          f"load {load:.2f} -> {os.getloadavg()[0]:.2f}; {function}, before = {before.name}")
+          f"load {load:.2f} -> {os.getloadavg()[0]:.2f}; {function}, before = its body of migration {before}")
     for name, rows in res.items():
         cpu = [x[0] for x in rows]
         print(f"{name:6s} backend CPU us/claim median {statistics.median(cpu):7.0f}  blocks {[round(x) for x in cpu]}"

@@ -19,6 +19,7 @@ enqueued per claim.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 
 import psycopg
@@ -49,9 +50,10 @@ def body_before_0032() -> str:
 
 
 def backend_cpu(pid: int) -> float:
+    """User plus system CPU seconds of one local process (a backend), from /proc/<pid>/stat."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / 100
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:
