@@ -23,6 +23,7 @@ import json
 import math
 import multiprocessing
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -89,6 +90,15 @@ def read_records(paths: Sequence[str]) -> list[tuple[Any, float]]:
     return out
 
 
+def discard_worker_folder(tmp: str) -> None:
+    """Remove a run's worker folder, first copying any worker's non-empty stderr log to ours."""
+    for name in sorted(os.listdir(tmp)) if os.path.isdir(tmp) else ():
+        if name.endswith(".log") and os.path.getsize(os.path.join(tmp, name)):
+            with open(os.path.join(tmp, name), encoding="utf-8", errors="replace") as f:
+                sys.stderr.write(f"[{os.path.basename(tmp)}/{name}]\n{f.read()}\n")
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
 _WORKERS: list[subprocess.Popen[bytes]] = []
 END = "__end__"  # the record key a drain worker writes with its end time
 
@@ -135,11 +145,14 @@ def drain_workers(script: str, args: argparse.Namespace, procs: int, timeout: fl
                   expect: int = 0) -> tuple[list[float], float]:
     """Run ``procs`` drain workers to their end; returns (handler start times, last worker end)."""
     tmp = tempfile.mkdtemp(prefix="peer-drain-")
-    outs = [os.path.join(tmp, f"w{i}.json") for i in range(procs)]
-    workers = [spawn_worker(script, args, "drain", o, expect=expect) for o in outs]
-    for w in workers:
-        w.wait(timeout=timeout)
-    recs = read_records(outs)
+    try:
+        outs = [os.path.join(tmp, f"w{i}.json") for i in range(procs)]
+        workers = [spawn_worker(script, args, "drain", o, expect=expect) for o in outs]
+        for w in workers:
+            w.wait(timeout=timeout)
+        recs = read_records(outs)
+    finally:
+        discard_worker_folder(tmp)
     return [t for k, t in recs if k != END], max(t for k, t in recs if k == END)
 
 
@@ -147,15 +160,21 @@ class ServeWorker:
     """One worker subprocess in ``serve`` mode until :meth:`stop`; then its handler start times."""
 
     def __init__(self, script: str, args: argparse.Namespace) -> None:
-        tmp = tempfile.mkdtemp(prefix="peer-serve-")
-        self.out, self.stop_file = os.path.join(tmp, "w.json"), os.path.join(tmp, "stop")
+        self.tmp = tempfile.mkdtemp(prefix="peer-serve-")
+        self.out, self.stop_file = os.path.join(self.tmp, "w.json"), os.path.join(self.tmp, "stop")
         self.proc = spawn_worker(script, args, "serve", self.out, self.stop_file)
 
     def stop(self, timeout: float = 60) -> dict[Any, float]:
-        """Ask the worker to stop, wait for it, and return {job key: handler start time}."""
-        open(self.stop_file, "w").close()
-        self.proc.wait(timeout=timeout)
-        return {k: t for k, t in read_records([self.out]) if k != END}
+        """Ask the worker to stop, wait for it, and return {job key: handler start time}.
+
+        The worker's folder is removed either way.
+        """
+        try:
+            open(self.stop_file, "w").close()
+            self.proc.wait(timeout=timeout)
+            return {k: t for k, t in read_records([self.out]) if k != END}
+        finally:
+            discard_worker_folder(self.tmp)
 
 
 def stop_requested(path: str) -> bool:
