@@ -19,7 +19,7 @@ import logging
 import math
 import os
 import threading
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, TypeVar, overload
 
 import psycopg
@@ -39,7 +39,7 @@ from awa_fast.jobs import TIMEOUT_KEY, AttemptClosed, JobSpec
 from awa_fast.limits import KEEP, check_concurrency_key
 from awa_fast.records import int_in
 from awa_fast.storage import RawJson, connect, redact_dsn
-from awa_fast.storage.connection import PoolConnection
+from awa_fast.storage.connection import AsyncPoolConnection, PoolConnection
 from awa_fast.unique import Unique
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -272,7 +272,8 @@ class App(AdminMixin, Client):
                 await self.storage.schema_check_async(probe)
             finally:
                 await probe.close()
-            pool = AsyncConnectionPool(dsn, min_size=1, max_size=self.pool_size, open=False,
+            pool = AsyncConnectionPool(dsn, connection_class=AsyncPoolConnection, min_size=1,
+                                       max_size=self.pool_size, open=False,
                                        name=f"awa_fast:{self.storage.schema}:async",
                                        kwargs={"application_name": self._application_name(), "autocommit": True})
             # opened with its first connection (see _pool) before it is published
@@ -307,14 +308,22 @@ class App(AdminMixin, Client):
         return super()._enqueue_single(target, own, queue, priority, kind, args, metadata, max_attempts, run_at,
                                        delay)
 
-    @contextlib.asynccontextmanager
-    async def _aconn_scope(self, conn: psycopg.AsyncConnection | None) -> AsyncIterator[psycopg.AsyncConnection]:
+    def _aconn_scope(self, conn: psycopg.AsyncConnection | None
+                     ) -> contextlib.AbstractAsyncContextManager[psycopg.AsyncConnection]:
         if conn is not None:
-            yield conn
-            return
-        pool = await self._apool()
-        async with pool.connection() as c:
-            yield c
+            return contextlib.nullcontext(conn)
+        return _ALent(self)
+
+    async def _enqueue_single_async(self, target: psycopg.AsyncConnection, own: bool, queue: str, priority: int,
+                                    kind: str, args: RawJson, metadata: RawJson | None, max_attempts: int,
+                                    run_at: _dt.datetime | None, delay: float | None) -> int:
+        # as _enqueue_single: a job to run now on the pool's connection, which this task alone
+        # holds, goes through one prepared statement on libpq's asynchronous calls
+        if own and run_at is None and delay is None and isinstance(target, AsyncPoolConnection):
+            return await self.storage.job_enqueue_direct_async(target, queue, priority, kind, args, metadata,
+                                                               max_attempts)
+        return await super()._enqueue_single_async(target, own, queue, priority, kind, args, metadata,
+                                                   max_attempts, run_at, delay)
 
     def migrate(self) -> None:
         """Install or upgrade the schema (idempotent)."""
@@ -431,11 +440,9 @@ class App(AdminMixin, Client):
         queue, priority, max_attempts = self._defaults(kind, queue, priority, max_attempts)
         metadata = _with_timeout(metadata, timeout)
         key = self._key_for(kind, args, concurrency_key)
-        async with self._aconn_scope(conn) as c:
-            return await super().enqueue_async(kind, args, conn=c, queue=queue, priority=priority,
-                                               max_attempts=max_attempts, metadata=metadata, run_at=run_at,
-                                               delay=delay, unique=self._unique_for(kind, unique),
-                                               concurrency_key=key)
+        return await super().enqueue_async(kind, args, conn=conn, queue=queue, priority=priority,
+                                           max_attempts=max_attempts, metadata=metadata, run_at=run_at, delay=delay,
+                                           unique=self._unique_for(kind, unique), concurrency_key=key)
 
     @overload
     def enqueue_many(self, kind: str, args_list: Any, *, queue: str | None = ..., priority: int | None = ...,
@@ -663,6 +670,26 @@ class _Lent:
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         self._pool.putconn(self._conn)
+
+
+class _ALent:
+    """:class:`_Lent` for the async pool: ``await getconn()`` on enter, ``await putconn()`` on exit.
+
+    Created before the pool exists: the App's ``_apool()`` opens it on the first enter.
+    """
+
+    __slots__ = ("_app", "_conn", "_pool")
+
+    def __init__(self, app: App) -> None:
+        self._app = app
+
+    async def __aenter__(self) -> psycopg.AsyncConnection:
+        self._pool = pool = await self._app._apool()
+        self._conn = conn = await pool.getconn()
+        return conn  # type: ignore[no-any-return]
+
+    async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
+        await self._pool.putconn(self._conn)
 
 
 # Names used only in the in-process worker's annotations above (kept at the end of the file).

@@ -261,7 +261,7 @@ class Client:
         """
         return self.storage.job_enqueue(target, queue, priority, kind, args, metadata, max_attempts, run_at, delay)
 
-    async def enqueue_async(self, kind: str, args: Any = None, *, conn: psycopg.AsyncConnection,
+    async def enqueue_async(self, kind: str, args: Any = None, *, conn: psycopg.AsyncConnection | None,
                             queue: str | None = None, priority: int | None = None,
                             max_attempts: int | None = None, metadata: Any = None,
                             run_at: _dt.datetime | None = None, delay: float | None = None,
@@ -274,12 +274,28 @@ class Client:
         _no_unique_with_key(unique, key is not None)
         q, prio, kind, a, m, attempts, when, wait = self._prepare(
             kind, args, queue, priority, max_attempts, metadata, run_at, delay)
-        if key is not None:
-            return await self.storage.job_enqueue_keyed_async(conn, q, prio, kind, a, m, attempts, when, wait, key)
-        if unique:
-            return await _unique.enqueue_one_async(self.storage, conn, unique, q, prio, kind, a, m, attempts,
-                                                   when, wait)
-        return await self.storage.job_enqueue_async(conn, q, prio, kind, a, m, attempts, when, wait)
+        async with self._aconn_scope(conn) as target:
+            if key is not None:
+                return await self.storage.job_enqueue_keyed_async(target, q, prio, kind, a, m, attempts, when, wait,
+                                                                  key)
+            if unique:
+                return await _unique.enqueue_one_async(self.storage, target, unique, q, prio, kind, a, m, attempts,
+                                                       when, wait)
+            return await self._enqueue_single_async(target, conn is None, q, prio, kind, a, m, attempts, when, wait)
+
+    def _aconn_scope(self, conn: psycopg.AsyncConnection | None
+                     ) -> contextlib.AbstractAsyncContextManager[psycopg.AsyncConnection]:
+        """The caller's async connection as it is (a client has no async connection of its own)."""
+        if conn is None:
+            raise PayloadError("no async connection: pass conn=", "conn")
+        return contextlib.nullcontext(conn)
+
+    async def _enqueue_single_async(self, target: psycopg.AsyncConnection, own: bool, queue: str, priority: int,
+                                    kind: str, args: RawJson, metadata: RawJson | None, max_attempts: int,
+                                    run_at: _dt.datetime | None, delay: float | None) -> int:
+        """Async twin of :meth:`_enqueue_single`."""
+        return await self.storage.job_enqueue_async(target, queue, priority, kind, args, metadata, max_attempts,
+                                                    run_at, delay)
 
     def _prepare_many(self, kind: str, args_list: Iterable[Any], queue: str | None, priority: int | None,
                       max_attempts: int | None, metadata: Any, progress: Any, chunk: int,

@@ -34,7 +34,7 @@ from awa_fast import _impl
 from awa_fast.errors import ConfigError, SchemaNotMigrated, SchemaTooNew
 from awa_fast.jobs import ClaimSnapshot
 from awa_fast.limits import KEEP as _LIMIT_KEEP
-from awa_fast.storage.connection import PoolConnection, clean_text
+from awa_fast.storage.connection import AsyncPoolConnection, PoolConnection, clean_text
 from awa_fast.storage.copy_rows import COPY_LANES, encode_done_result_rows
 from awa_fast.storage.copy_rows import copy_blocks as _copy_blocks
 from awa_fast.storage.keys import KeyLimitQueries
@@ -70,6 +70,21 @@ def _direct_statement(query: str) -> tuple[bytes, bytes]:
     n = itertools.count(1)
     sql = re.sub(r"%s", lambda _m: f"${next(n)}", query).encode()
     return b"awa_fast_" + hashlib.blake2b(sql, digest_size=8).hexdigest().encode(), sql
+
+
+def _enqueue_direct_params(queue: str, priority: int, kind: str, args: RawJson, metadata: RawJson | None,
+                           max_attempts: int) -> tuple[bytes | None, ...]:
+    """``job_enqueue_v3``'s parameters in binary for a job to run now (jsonb: version byte 1, then the text)."""
+    return (queue.encode(), _INT4.pack(priority), kind.encode(), b"\x01" + args,
+            None if metadata is None else b"\x01" + metadata, _INT4.pack(max_attempts), None)
+
+
+def _job_id(res: psycopg.pq.abc.PGresult) -> int:
+    """The bigint job id in the first cell of ``job_enqueue_v3``'s binary result."""
+    value = res.get_value(0, 0)
+    if value is None:  # pragma: no cover - job_enqueue_v3 never returns NULL
+        raise AssertionError("job_enqueue_v3 returned NULL")
+    return int(_INT8.unpack(value)[0])
 
 
 def _idle_autocommit(conn: psycopg.Connection | psycopg.AsyncConnection) -> bool:
@@ -144,12 +159,15 @@ class Storage(KeyLimitQueries, SessionQueries):
         together (performance-log, 2026-12-05 producers).
         """
         name, sql = self._enqueue_direct
-        value = conn.run_prepared(name, sql, (
-            queue.encode(), _INT4.pack(priority), kind.encode(), b"\x01" + args,
-            None if metadata is None else b"\x01" + metadata, _INT4.pack(max_attempts), None)).get_value(0, 0)
-        if value is None:  # pragma: no cover - job_enqueue_v3 never returns NULL
-            raise AssertionError("job_enqueue_v3 returned NULL")
-        return int(_INT8.unpack(value)[0])
+        return _job_id(conn.run_prepared(name, sql, _enqueue_direct_params(
+            queue, priority, kind, args, metadata, max_attempts)))
+
+    async def job_enqueue_direct_async(self, conn: AsyncPoolConnection, queue: str, priority: int, kind: str,
+                                       args: RawJson, metadata: RawJson | None, max_attempts: int) -> int:
+        """Async twin of :meth:`job_enqueue_direct` (:meth:`AsyncPoolConnection.run_prepared`)."""
+        name, sql = self._enqueue_direct
+        return _job_id(await conn.run_prepared(name, sql, _enqueue_direct_params(
+            queue, priority, kind, args, metadata, max_attempts)))
 
     async def job_enqueue_async(self, conn: psycopg.AsyncConnection, queue: str, priority: int, kind: str,
                                 args: RawJson, metadata: RawJson | None, max_attempts: int,
