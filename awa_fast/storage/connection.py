@@ -99,7 +99,7 @@ class AsyncPoolConnection(psycopg.AsyncConnection[Any]):
 
     The twin of :class:`PoolConnection`'s, for one task at a time (between the pool's
     ``getconn`` and ``putconn``). A prepared statement run through libpq's asynchronous
-    calls and the connection's own wait: ~20% less client CPU per ``App.enqueue_async``
+    calls and the connection's own wait: ~17% less client CPU per ``App.enqueue_async``
     than psycopg's cursor (performance-log, 2026-12-07 async enqueue). A task cancelled
     while it waits leaves the statement to psycopg's handling of an interrupted wait
     (the query is cancelled on the server), as a cursor's would.
