@@ -64,7 +64,7 @@ class PoolConnection(psycopg.Connection[Any]):
             formats = None if text else [1] * len(params)
             for attempt in (0, 1):
                 if name not in prepared:
-                    self._check(pg.prepare(name, sql), pq.ExecStatus.COMMAND_OK)
+                    _check_prepared(self, pg.prepare(name, sql))
                     prepared.add(name)
                 res = pg.exec_prepared(name, params, formats, 1)  # type: ignore[arg-type]  # None is NULL
                 if attempt == 0 and _lost_statement(res):
@@ -88,6 +88,25 @@ def _check_result(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], 
     raise psycopg.errors.error_from_result(res, encoding=conn.info.encoding)
 
 
+def _check_prepared(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], res: pq.abc.PGresult) -> None:
+    """Raise unless ``res`` says the statement is prepared on the session.
+
+    "Already exists" (42P05) counts as prepared: a statement's name is a hash of its
+    text, and a call interrupted after the server prepared it, before the connection
+    noted it (a task cancelled, a KeyboardInterrupt), leaves exactly that.
+    """
+    if res.status == pq.ExecStatus.FATAL_ERROR and res.error_field(pq.DiagnosticField.SQLSTATE) == b"42P05":
+        return
+    _check_result(conn, res, pq.ExecStatus.COMMAND_OK)
+
+
+def _last(results: list[pq.abc.PGresult]) -> pq.abc.PGresult:
+    """The last result of one statement sent (an error ends the list, after any rows)."""
+    if not results:
+        raise psycopg.InternalError("the server sent no result for the statement")
+    return results[-1]
+
+
 def _lost_statement(res: pq.abc.PGresult) -> bool:
     """Whether ``res`` says the session no longer has the prepared statement (``DISCARD ALL``, ``DEALLOCATE``)."""
     return (res.status == pq.ExecStatus.FATAL_ERROR
@@ -101,8 +120,11 @@ class AsyncPoolConnection(psycopg.AsyncConnection[Any]):
     ``getconn`` and ``putconn``). A prepared statement run through libpq's asynchronous
     calls and the connection's own wait: ~17% less client CPU per ``App.enqueue_async``
     than psycopg's cursor (performance-log, 2026-12-07 async enqueue). A task cancelled
-    while it waits leaves the statement to psycopg's handling of an interrupted wait
-    (the query is cancelled on the server), as a cursor's would.
+    while it waits leaves the statement to psycopg's handling of an interrupted wait, as a
+    cursor's would: the query is cancelled on the server and the connection comes back
+    idle, or, if the server does not end it, psycopg closes the connection and the pool
+    replaces it. One cancelled after the server prepared the statement but before this
+    connection noted it finds it there next time ("already exists" counts as prepared).
     """
 
     _prepared_direct: set[bytes] | None = None  # statements run_prepared prepared on this session
@@ -128,10 +150,10 @@ class AsyncPoolConnection(psycopg.AsyncConnection[Any]):
             for attempt in (0, 1):
                 if name not in prepared:
                     pg.send_prepare(name, sql)
-                    _check_result(self, (await self.wait(generators.execute(pg)))[-1], pq.ExecStatus.COMMAND_OK)
+                    _check_prepared(self, _last(await self.wait(generators.execute(pg))))
                     prepared.add(name)
                 pg.send_query_prepared(name, params, formats, 1)  # None is NULL
-                res: pq.abc.PGresult = (await self.wait(generators.execute(pg)))[-1]
+                res = _last(await self.wait(generators.execute(pg)))
                 if attempt == 0 and _lost_statement(res):
                     prepared.discard(name)  # the session lost it: prepare it again, once
                     continue

@@ -83,6 +83,21 @@ def test_a_session_that_lost_the_statement_prepares_it_again(pg_dsn, schema, con
     assert sqlx(conn, schema, "SELECT count(*) FROM __SCHEMA__.ready_entries").fetchone() == (2,)
 
 
+def test_a_statement_the_session_has_but_the_connection_did_not_note_is_used(pg_dsn, schema, conn):
+    """A prepare interrupted after the server ran it (a KeyboardInterrupt) leaves the statement on
+    the session and not in the connection's set: the next call's prepare meets "already exists"
+    (42P05), which must count as prepared, not fail every enqueue on that connection."""
+    with App(pg_dsn, schema, pool_size=1) as app:
+        name, sql = app.storage._enqueue_direct
+        with app._pool().connection() as pc:
+            assert pc.pgconn.prepare(name, sql).status == psycopg.pq.ExecStatus.COMMAND_OK
+            pc._prepared_direct = None  # the interrupted call never noted it
+        app.enqueue("direct.kind", {"i": 0}, queue=Q)
+        app.enqueue("direct.kind", {"i": 1}, queue=Q)
+        assert _statements(app) == [name.decode()]
+    assert sqlx(conn, schema, "SELECT count(*) FROM __SCHEMA__.ready_entries").fetchone() == (2,)
+
+
 def test_a_lost_session_raises_operational_error_and_the_pool_replaces_it(pg_dsn, schema, conn):
     with App(pg_dsn, schema, pool_size=1) as app:
         app.enqueue("direct.kind", {"i": 0}, queue=Q)

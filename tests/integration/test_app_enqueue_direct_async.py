@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg import generators
 
-from awa_fast import App, PayloadError, Unique, UniqueConflict
+from awa_fast import App, Client, PayloadError, Unique, UniqueConflict
 from awa_fast.storage.connection import AsyncPoolConnection
 from tests.fixtures.database import sqlx
 
@@ -120,6 +122,37 @@ def test_a_session_that_lost_the_statement_prepares_it_again(pg_dsn, schema, con
     assert sqlx(conn, schema, "SELECT count(*) FROM __SCHEMA__.ready_entries").fetchone() == (2,)
 
 
+def test_a_statement_the_session_has_but_the_connection_did_not_note_is_used(pg_dsn, schema, conn):
+    """A task cancelled after the server prepared the statement, before the connection noted it,
+    leaves it on the session alone: the next prepare meets "already exists" (42P05), which must
+    count as prepared, not fail every enqueue on that pool connection until it is replaced."""
+    async def scenario() -> tuple[bytes, list[str]]:
+        async with App(pg_dsn, schema, pool_size=1) as app:
+            name, sql = app.storage._enqueue_direct
+
+            async def prepare_unnoted(pc: Any) -> None:
+                pc.pgconn.send_prepare(name, sql)
+                (res,) = await pc.wait(generators.execute(pc.pgconn))
+                assert res.status == psycopg.pq.ExecStatus.COMMAND_OK
+                pc._prepared_direct = None
+
+            await _on_pool_conn(app, prepare_unnoted)
+            await app.enqueue_async("direct.kind", {"i": 0}, queue=Q)
+            await app.enqueue_async("direct.kind", {"i": 1}, queue=Q)
+            return name, await _statements(app)
+
+    name, names = asyncio.run(scenario())
+    assert names == [name.decode()]
+    assert sqlx(conn, schema, "SELECT count(*) FROM __SCHEMA__.ready_entries").fetchone() == (2,)
+
+
+def test_a_client_without_an_async_connection_says_to_pass_one(pg_dsn, schema, conn):
+    client = Client(dsn=pg_dsn, schema=schema)
+    with pytest.raises(PayloadError, match="pass conn="):
+        asyncio.run(client.enqueue_async("direct.kind", {"i": 0}, conn=None, queue=Q))
+    client.close()
+
+
 def test_a_lost_session_raises_operational_error_and_the_pool_replaces_it(pg_dsn, schema, conn):
     async def scenario() -> tuple[int, int]:
         async with App(pg_dsn, schema, pool_size=1) as app:
@@ -149,8 +182,11 @@ def test_a_task_cancelled_while_its_enqueue_waits_stores_nothing_and_the_connect
             pid = (await _backend(app))[0]
             sqlx(blocker, schema, "LOCK TABLE __SCHEMA__.ready_entries IN ACCESS EXCLUSIVE MODE")
             task = asyncio.create_task(app.enqueue_async("direct.kind", {"i": 1}, queue=Q))
-            while not conn.execute("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
-                                   (pid,)).fetchone()[0]:
+            deadline = time.monotonic() + 30
+            while not conn.execute("SELECT wait_event_type IS NOT DISTINCT FROM 'Lock' FROM pg_stat_activity "
+                                   "WHERE pid = %s", (pid,)).fetchone()[0]:
+                assert not task.done(), task  # the enqueue must be waiting on the lock, not over
+                assert time.monotonic() < deadline, "the enqueue never waited on the lock"
                 await asyncio.sleep(0.01)  # polls the server's view: the wait has no event to await
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
