@@ -25,6 +25,11 @@ from awa_fast.storage import Storage
 
 SAMPLE_EVERY_S = 5.0
 HISTORY_S = 3600.0
+# The terminal counts read the live history (done_entries: one row per job for failures, cancels,
+# results and quiet completions, kept for history_retention), so their cost grows with traffic
+# times retention: 150 ms at 720k rows (performance-log, 2026-12-07 dashboard). They are read at
+# most once per window of max(0.8 x sample_every, last read's duration / TERMINAL_SHARE).
+TERMINAL_SHARE = 0.05
 
 
 def jsonable(obj: Any) -> Any:
@@ -56,7 +61,13 @@ class Backend:
                                    kwargs={"autocommit": True, "application_name": "awa_fast:dashboard"})
         self.series: collections.deque[dict[str, Any]] = collections.deque(maxlen=int(HISTORY_S / sample_every))
         self._last_totals: dict[str, int] | None = None
+        self._last_read_at = 0.0
+        self._rates: dict[str, float | None] = {"completed": None, "failed": None}
         self._last_hist: dict[str, list[int]] | None = None
+        self._clock = time.monotonic
+        self._terminal_lock = threading.Lock()
+        self._terminal: tuple[float, dict[str, dict[str, int]]] | None = None
+        self._terminal_due = 0.0
         self._stop = threading.Event()
         self._sampler: threading.Thread | None = None
 
@@ -90,19 +101,17 @@ class Backend:
         """One chart point: completions and failures per second since the last point, latency percentiles."""
         from awa_fast.runtime.shm import histogram_percentiles
 
-        with self.conn() as c:
-            terminal = self.storage.queue_terminal_counts(c)
-        totals = {"completed": sum(q.get("completed", 0) for q in terminal.values()),
-                  "failed": sum(q.get("failed", 0) for q in terminal.values())}
+        read_at, terminal = self.terminal_counts()
+        if read_at > self._last_read_at:  # a new read: the rates over the time since the one before
+            totals = {k: sum(q.get(k, 0) for q in terminal.values()) for k in ("completed", "failed")}
+            if self._last_totals is not None:
+                dt = max(read_at - self._last_read_at, 1e-6)
+                self._rates = {k: max(0, totals[k] - self._last_totals[k]) / dt for k in totals}
+            self._last_totals, self._last_read_at = totals, read_at
         hist = self._local_histograms()
-        now = time.time()
-        point: dict[str, Any] = {"t": now, "completed_per_s": None, "failed_per_s": None,
-                                 "pickup_p50_ms": None, "pickup_p95_ms": None, "e2e_p50_ms": None,
-                                 "e2e_p95_ms": None}
-        if self._last_totals is not None and self.series:
-            dt = max(now - self.series[-1]["t"], 1e-6)
-            point["completed_per_s"] = max(0, totals["completed"] - self._last_totals["completed"]) / dt
-            point["failed_per_s"] = max(0, totals["failed"] - self._last_totals["failed"]) / dt
+        point: dict[str, Any] = {"t": time.time(), "completed_per_s": self._rates["completed"],
+                                 "failed_per_s": self._rates["failed"], "pickup_p50_ms": None,
+                                 "pickup_p95_ms": None, "e2e_p50_ms": None, "e2e_p95_ms": None}
         if self._last_hist is not None:
             for which in ("pickup", "e2e"):
                 delta = [max(0, a - b)
@@ -112,9 +121,28 @@ class Backend:
                     for q in ("p50", "p95"):
                         v = pct.get(q)
                         point[f"{which}_{q}_ms"] = None if v is None else v * 1000.0
-        self._last_totals, self._last_hist = totals, hist
+        self._last_hist = hist
         self.series.append(point)
         return point
+
+    def terminal_counts(self) -> tuple[float, dict[str, dict[str, int]]]:
+        """(when read, on the backend's clock; completed/failed/cancelled per queue), shared by the
+        sampler and every overview poll.
+
+        Read again only once the window since the last read has passed: at least
+        ``0.8 * sample_every``, and long enough that reads take at most ``TERMINAL_SHARE``
+        of one backend's time, however long the history and however many pages poll. Until
+        then the chart carries the last rate forward (a rate over the whole window).
+        """
+        with self._terminal_lock:
+            t0 = self._clock()
+            if self._terminal is None or t0 >= self._terminal_due:
+                with self.conn() as c:
+                    counts = self.storage.queue_terminal_counts(c)
+                took = self._clock() - t0
+                self._terminal = (t0, counts)
+                self._terminal_due = t0 + max(0.8 * self.sample_every, took / TERMINAL_SHARE)
+            return self._terminal
 
     def _local_histograms(self) -> dict[str, list[int]]:
         out: dict[str, list[int]] = {}
@@ -138,9 +166,9 @@ class Backend:
     # -- reads -----------------------------------------------------------------------
 
     def overview(self) -> dict[str, Any]:
+        terminal = self.terminal_counts()[1]
         with self.conn() as c:
             depth = self.storage.queue_depth_fast(c)
-            terminal = self.storage.queue_terminal_counts(c)
             dlq = self.storage.dlq_depth(c)
             leader = self.storage.leader_info(c)
         queues = sorted(set(depth) | set(terminal) | set(dlq))
