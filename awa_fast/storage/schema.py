@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from importlib import resources
+from importlib.resources.abc import Traversable
+from pathlib import Path
 
 from awa_fast.errors import InvalidName
 
@@ -60,10 +62,32 @@ class Migration:
 
 
 @lru_cache(maxsize=1)
+def sql_files() -> Traversable:
+    """The package's SQL folder (``awa_fast.sql``), checked to belong to the same checkout or install.
+
+    A wheel ships it inside the package (``awa_fast/sql``); a checkout keeps it next to the
+    package (``sql/``, mapped by the build). An editable install maps ``awa_fast.sql`` to its
+    own checkout whatever ``PYTHONPATH`` says, so another checkout's code put first on the path
+    (a worktree to compare against) would run this checkout's migrations and queries. That mix
+    is refused here, before any SQL is read or run.
+    """
+    import awa_fast
+
+    files = resources.files("awa_fast.sql")
+    package = Path(awa_fast.__file__).resolve().parent
+    if isinstance(files, Path) and files.resolve() not in (package / "sql", package.parent / "sql"):
+        raise ImportError(
+            f"awa_fast's code comes from {package} but its SQL from {files}: another checkout is "
+            f"first on the path beside an editable install. Link its SQL into it "
+            f"(ln -s ../sql {package}/sql) or give it its own virtual environment.")
+    return files
+
+
+@lru_cache(maxsize=1)
 def migrations() -> tuple[Migration, ...]:
     """All migrations shipped with the package, in version order."""
     found = []
-    for entry in resources.files("awa_fast.sql").iterdir():
+    for entry in sql_files().iterdir():
         m = _MIGRATION_RE.fullmatch(entry.name)
         if m:
             found.append(Migration(int(m.group(1)), m.group(2), entry.read_text("utf-8")))
@@ -82,7 +106,7 @@ def latest_version() -> int:
 @cache
 def named_queries(schema: str) -> dict[str, str]:
     """Named queries from ``queries.sql`` (``-- name: noun_verb``), rendered for ``schema``."""
-    text = resources.files("awa_fast.sql").joinpath("queries.sql").read_text("utf-8")
+    text = sql_files().joinpath("queries.sql").read_text("utf-8")
     out: dict[str, str] = {}
     name = None
     lines: list[str] = []
