@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import generators, pq
@@ -11,7 +11,30 @@ from psycopg import generators, pq
 from awa_fast.errors import ConfigError, DatabaseUnavailable
 
 
-class PoolConnection(psycopg.Connection[Any]):
+class _DirectStatements:
+    """What both pool connection classes keep for ``run_prepared``: the statements it prepared."""
+
+    _prepared_direct: set[bytes] | None = None  # statements run_prepared prepared on this session
+    if TYPE_CHECKING:  # both connection classes' own
+        pgconn: pq.abc.PGconn
+        autocommit: bool
+
+    @property
+    def idle_autocommit(self) -> bool:
+        """Whether a call here is its own transaction: autocommit and no transaction open (``run_prepared``)."""
+        return self.autocommit and self.pgconn.transaction_status == pq.TransactionStatus.IDLE
+
+    def _direct_prepared(self) -> set[bytes]:
+        """The names ``run_prepared`` prepared on this session; refuses a call that would join a transaction."""
+        if not self.idle_autocommit:
+            raise psycopg.ProgrammingError("run_prepared needs an idle autocommit connection")
+        prepared = self._prepared_direct
+        if prepared is None:
+            prepared = self._prepared_direct = set()
+        return prepared
+
+
+class PoolConnection(_DirectStatements, psycopg.Connection[Any]):
     """A connection one thread holds at a time: an App's pool's, a completion batcher's.
 
     It keeps one cursor for single enqueues. The pool hands a connection to one
@@ -26,7 +49,6 @@ class PoolConnection(psycopg.Connection[Any]):
     """
 
     _enqueue_cur: psycopg.Cursor[Any] | None = None
-    _prepared_direct: set[bytes] | None = None  # statements run_prepared prepared on this session
 
     def enqueue_cursor(self) -> psycopg.Cursor[Any]:
         """The connection's single-enqueue cursor, created on first use."""
@@ -34,11 +56,6 @@ class PoolConnection(psycopg.Connection[Any]):
         if cur is None or cur.closed:
             cur = self._enqueue_cur = self.cursor()
         return cur
-
-    @property
-    def idle_autocommit(self) -> bool:
-        """Whether a call here is its own transaction: autocommit and no transaction open (:meth:`run_prepared`)."""
-        return self.autocommit and self.pgconn.transaction_status == pq.TransactionStatus.IDLE
 
     def run_prepared(self, name: bytes, sql: bytes, params: Sequence[bytes | None], *,
                      text: bool = False) -> pq.abc.PGresult:
@@ -54,12 +71,8 @@ class PoolConnection(psycopg.Connection[Any]):
         (``DISCARD ALL``, ``DEALLOCATE``). A server error raises the psycopg exception the
         cursor would have raised; a lost session :class:`psycopg.OperationalError`.
         """
-        if not self.idle_autocommit:
-            raise psycopg.ProgrammingError("run_prepared needs an idle autocommit connection")
+        prepared = self._direct_prepared()
         with self.lock:
-            prepared = self._prepared_direct
-            if prepared is None:
-                prepared = self._prepared_direct = set()
             pg = self.pgconn
             formats = None if text else [1] * len(params)
             for attempt in (0, 1):
@@ -95,9 +108,8 @@ def _check_prepared(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]
     text, and a call interrupted after the server prepared it, before the connection
     noted it (a task cancelled, a KeyboardInterrupt), leaves exactly that.
     """
-    if res.status == pq.ExecStatus.FATAL_ERROR and res.error_field(pq.DiagnosticField.SQLSTATE) == b"42P05":
-        return
-    _check_result(conn, res, pq.ExecStatus.COMMAND_OK)
+    if not _failed_with(res, b"42P05"):
+        _check_result(conn, res, pq.ExecStatus.COMMAND_OK)
 
 
 def _last(results: list[pq.abc.PGresult]) -> pq.abc.PGresult:
@@ -107,13 +119,17 @@ def _last(results: list[pq.abc.PGresult]) -> pq.abc.PGresult:
     return results[-1]
 
 
+def _failed_with(res: pq.abc.PGresult, sqlstate: bytes) -> bool:
+    """Whether ``res`` is an error with ``sqlstate``."""
+    return res.status == pq.ExecStatus.FATAL_ERROR and res.error_field(pq.DiagnosticField.SQLSTATE) == sqlstate
+
+
 def _lost_statement(res: pq.abc.PGresult) -> bool:
     """Whether ``res`` says the session no longer has the prepared statement (``DISCARD ALL``, ``DEALLOCATE``)."""
-    return (res.status == pq.ExecStatus.FATAL_ERROR
-            and res.error_field(pq.DiagnosticField.SQLSTATE) == b"26000")
+    return _failed_with(res, b"26000")
 
 
-class AsyncPoolConnection(psycopg.AsyncConnection[Any]):
+class AsyncPoolConnection(_DirectStatements, psycopg.AsyncConnection[Any]):
     """The async App pool's connection: :meth:`run_prepared` for the single enqueue, awaited.
 
     The twin of :class:`PoolConnection`'s, for one task at a time (between the pool's
@@ -127,24 +143,13 @@ class AsyncPoolConnection(psycopg.AsyncConnection[Any]):
     connection noted it finds it there next time ("already exists" counts as prepared).
     """
 
-    _prepared_direct: set[bytes] | None = None  # statements run_prepared prepared on this session
-
-    @property
-    def idle_autocommit(self) -> bool:
-        """Whether a call here is its own transaction: autocommit and no transaction open."""
-        return self.autocommit and self.pgconn.transaction_status == pq.TransactionStatus.IDLE
-
     async def run_prepared(self, name: bytes, sql: bytes, params: Sequence[bytes | None]) -> pq.abc.PGresult:
         """Run ``sql`` as the prepared statement ``name`` with binary ``params``; its binary result.
 
         As :meth:`PoolConnection.run_prepared` (binary parameters only), awaited.
         """
-        if not self.idle_autocommit:
-            raise psycopg.ProgrammingError("run_prepared needs an idle autocommit connection")
+        prepared = self._direct_prepared()
         async with self.lock:
-            prepared = self._prepared_direct
-            if prepared is None:
-                prepared = self._prepared_direct = set()
             pg = self.pgconn
             formats = [1] * len(params)
             for attempt in (0, 1):
