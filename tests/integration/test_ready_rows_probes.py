@@ -20,6 +20,17 @@ pytestmark = pytest.mark.integration
 Q = "q"
 FILL = 60_000  # one slot's primary key: ~200 leaf pages, so a whole read is far above the bound
 BOUND = 40  # per call: a probe per slot (4 slots) on each of its two index paths, and the row
+# A call that plans reads index pages besides (the first call, and any call after autovacuum
+# touched a table of the plan, which invalidates it: seen in CI as [46, 17, 17, 45, 17, ...]).
+# A slot read whole is ~200 leaf pages, far above this.
+PLANNING_BOUND = 2 * BOUND
+
+
+def _assert_probed(fetched: list[int]) -> None:
+    """Each call probes by key; the steady state stays under BOUND, a re-plan under PLANNING_BOUND."""
+    assert max(fetched) <= PLANNING_BOUND, fetched
+    later = sorted(fetched[1:])
+    assert later[len(later) // 2] <= BOUND, fetched
 
 
 def _ready_ring_blocks(conn: psycopg.Connection, schema: str) -> dict[str, int]:
@@ -57,7 +68,7 @@ def test_loading_a_job_born_in_a_full_slot_probes_each_slot_by_key(pg_dsn, schem
             row, n = _blocks(a, schema, lambda: storage.job_load(a, target))
             assert row is not None and row["state"] == "available" and row["job_id"] == target
             fetched.append(n)
-    assert max(fetched[1:]) <= BOUND, fetched  # the first call also plans (the planner reads index pages)
+    _assert_probed(fetched)
 
 
 def test_cancelling_a_job_born_in_a_full_slot_probes_each_slot_by_key(pg_dsn, schema, storage, full_slot):
@@ -70,4 +81,4 @@ def test_cancelling_a_job_born_in_a_full_slot_probes_each_slot_by_key(pg_dsn, sc
             fetched.append(n)
         assert {storage.job_load(a, j)["state"] for j in targets} == {"cancelled"}
         assert storage.job_load(a, full_slot[999])["state"] == "available"  # its neighbours are untouched
-    assert max(fetched[1:]) <= BOUND, fetched  # the first call also plans (the planner reads index pages)
+    _assert_probed(fetched)
