@@ -15,6 +15,13 @@ round trip, autocommit) until the claim comes back short. Per job it records:
   engine allows here, before any thread hand-off, handler dispatch or
   metrics of the runtime.
 
+A job still unclaimed a second after its acknowledgement with no NOTIFY
+pending is claimed by a poll, as the runtime's ``poll_interval`` would, and
+counted in ``claimed_by_poll``: each one is a wake-up the engine lost. A leg
+ends once the producer has exited and every acknowledgement it wrote is read
+and claimed (or 60 s past its length), so a producer that starts late or a
+reader that lags cannot leave jobs uncounted.
+
 It runs twice: with durable claim commits (what awa-fast does) and with the
 claim connection at ``synchronous_commit = off`` (unsafe for a product, see
 bug L in docs/reliability.md; here only to show what the WAL flush costs).
@@ -56,6 +63,7 @@ from awa_fast.storage import RawJson, Storage, connect, use_raw_jsonb
 from awa_fast.storage.migrate import migrate
 
 SCHEMA = "perf_pickup_path"
+POLL_AFTER_S = 1.0  # the runtime's poll_interval: a job acknowledged this long ago without a claim is polled for
 
 
 class _AckWriter:
@@ -126,21 +134,32 @@ def run_leg(dsn: str, rate: float, seconds: float, durable: bool, connections: i
     reader = threading.Thread(target=read_acks, daemon=True)
     reader.start()
     claimed: dict[int, tuple[float, float]] = {}  # job -> (notify read, claim returned)
-    deadline = time.time() + seconds + 5
-    while time.time() < deadline and (producer.poll() is None or len(claimed) < len(acks)):
-        # leave the notifies() generator before using the connection again
-        if not list(conn.notifies(timeout=0.2, stop_after=1)):
-            continue
-        t_notify = time.time()
+    polled: set[int] = set()  # jobs a claim found without a NOTIFY: each one a lost wake-up
+    # The leg ends once the producer has exited, its every ack is read (the reader thread saw
+    # the pipe close) and claimed; a late producer start or a lagging reader does not end it early.
+    deadline = time.time() + seconds + 60
+
+    def claim_until_short(t_wake: float, by_poll: bool) -> None:
         while True:
             snaps, busy = storage.lane_claim_result(conn, QUEUE, 8)
             t_claim = time.time()
             for snap in snaps:
-                claimed[snap.job_id] = (t_notify, t_claim)
+                claimed[snap.job_id] = (t_wake, t_claim)
+                if by_poll:
+                    polled.add(snap.job_id)
             if not snaps and not busy:
                 break
             if runtime_rule and len(snaps) < 8 and not busy:
                 break  # the runtime's claimer: a short claim of a few rows and no marker waits for a NOTIFY
+
+    while time.time() < deadline and (producer.poll() is None or reader.is_alive() or len(claimed) < len(acks)):
+        # leave the notifies() generator before using the connection again
+        if list(conn.notifies(timeout=0.2, stop_after=1)):
+            claim_until_short(time.time(), by_poll=False)
+            continue
+        now = time.time()
+        if any(now - t > POLL_AFTER_S for j, t in list(acks.items()) if j not in claimed):
+            claim_until_short(now, by_poll=True)  # acknowledged long ago, no NOTIFY came: poll, and count it
     producer.wait(10)
     reader.join(10)
     conn.close()
@@ -150,6 +169,7 @@ def run_leg(dsn: str, rate: float, seconds: float, durable: bool, connections: i
         "durable_claim": durable,
         "jobs": len(jobs),
         "unclaimed": len(acks) - len(jobs),
+        "claimed_by_poll": len(polled),
         "notify_ms": percentiles([(claimed[j][0] - acks[j]) * ms for j in jobs]),
         "claim_ms": percentiles([(claimed[j][1] - claimed[j][0]) * ms for j in jobs]),
         "pickup_ms": percentiles([(claimed[j][1] - acks[j]) * ms for j in jobs]),
@@ -213,11 +233,13 @@ def main() -> int:
           f"load {result['loadavg_start']} -> {result['loadavg_end']}")
     c = result["durable_commit_ms"]
     print(f"one-row INSERT + durable commit: p50 {c['p50']:.2f} ms, p95 {c['p95']:.2f} ms")
-    print("| claim commit | jobs | notify p50/p95 ms | claim p50/p95 ms | pickup p50/p95/p99 ms |")
-    print("|---|---|---|---|---|")
+    print("| claim commit | jobs | unclaimed | claimed by poll | notify p50/p95 ms | claim p50/p95 ms "
+          "| pickup p50/p95/p99 ms |")
+    print("|---|---|---|---|---|---|---|")
     for leg in result["legs"]:
         n, cl, p = leg["notify_ms"], leg["claim_ms"], leg["pickup_ms"]
         print(f"| {'durable' if leg['durable_claim'] else 'async (unsafe)'} | {leg['jobs']} "
+              f"| {leg['unclaimed']} | {leg['claimed_by_poll']} "
               f"| {n['p50']:.2f} / {n['p95']:.2f} | {cl['p50']:.2f} / {cl['p95']:.2f} "
               f"| {p['p50']:.2f} / {p['p95']:.2f} / {p['p99']:.2f} |")
     return 0
