@@ -3,10 +3,11 @@
 At 200 jobs/s every claim finds the pool idle: the claim thread hands the job
 to a worker and then does its bookkeeping (counters, the LISTEN poll) before
 it blocks, and the woken worker waited for the GIL all that time (~0.1 ms of
-the pickup, docs/performance-log.md, 2026-12-07 hand-off). So the claim
-thread releases the GIL once right after the dispatch, but only when nothing
-else was held: with jobs running, the GIL would go to a busy worker and the
-claim loop would wait for it in the middle of a drain.
+the pickup, docs/performance-log.md, 2026-12-07 hand-off). So after a short
+claim, on its way to sleep, the claim thread releases the GIL once, but only
+when nothing else was held: with jobs running, or with another claim to make
+at once, the GIL would go to a busy worker and the claim loop would wait for
+it in the middle of a drain.
 
 The claimer runs its claim loop without a server: its claim connection and
 claim call are stand-ins that return scripted claims (nothing connects), and
@@ -15,7 +16,6 @@ the executor's threads are not started, so dispatched jobs stay held.
 
 from __future__ import annotations
 
-import datetime as dt
 import types
 from collections.abc import Sequence
 from typing import Any
@@ -26,15 +26,13 @@ from awa_fast import App
 from awa_fast.jobs import ClaimSnapshot
 from awa_fast.runtime import claimer as claimer_mod
 from awa_fast.runtime.claimer import Claimer, ClaimerConfig
+from tests.unit.test_codec import snapshot
 
 DSN = "host=/nonexistent"
-NOW = dt.datetime(2026, 12, 7, tzinfo=dt.UTC)
 
 
 def _snapshot(i: int) -> ClaimSnapshot:
-    return ClaimSnapshot(job_id=(7 << 40) | i, run_lease=1, attempt=1, max_attempts=25, queue="q", kind="k",
-                         priority=2, args=b"{}", metadata=None, ready_slot=0, lane_id=7, lane_seq=i,
-                         claim_slot=0, claim_id=100 + i, created_at=NOW)
+    return snapshot(i, queue="q", kind="k")  # the codec tests' snapshot, of this claimer's queue and kind
 
 
 def _run(script: Sequence[list[ClaimSnapshot]],
