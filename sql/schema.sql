@@ -4,7 +4,7 @@
 -- tests/integration/test_schema_snapshot.py fails when it is out of date.
 -- Rings installed with 4 slots each; owners omitted; names in C order.
 
--- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits, 0013_rotation_ledger_truncate, 0014_job_enqueue_v2, 0015_done_receipts, 0016_claim_lane_runs, 0017_key_dlq_retry, 0018_dlq_retry_keys_joined, 0019_ready_job_index_partial, 0020_drain_server_work, 0021_claim_per_receipt_columns, 0022_completion_probes_per_row, 0023_cursor_advance_index_probe, 0024_claim_limit_before_join, 0025_receipt_marks, 0026_cursor_advance_index_only, 0027_limit_open_receipts_index_only, 0028_cursor_advance_subtransactions, 0029_job_load_index_probes, 0030_ready_rows_birth_probe, 0031_cancel_receipt_probe, 0032_claim_segment_current_slot, 0033_sweep_probes_and_reserve_guard, 0034_claim_orders_working_lanes
+-- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits, 0013_rotation_ledger_truncate, 0014_job_enqueue_v2, 0015_done_receipts, 0016_claim_lane_runs, 0017_key_dlq_retry, 0018_dlq_retry_keys_joined, 0019_ready_job_index_partial, 0020_drain_server_work, 0021_claim_per_receipt_columns, 0022_completion_probes_per_row, 0023_cursor_advance_index_probe, 0024_claim_limit_before_join, 0025_receipt_marks, 0026_cursor_advance_index_only, 0027_limit_open_receipts_index_only, 0028_cursor_advance_subtransactions, 0029_job_load_index_probes, 0030_ready_rows_birth_probe, 0031_cancel_receipt_probe, 0032_claim_segment_current_slot, 0033_sweep_probes_and_reserve_guard, 0034_claim_orders_working_lanes, 0035_limited_claim_lease_count
 
 
 ---------------------------------------------------------------------------
@@ -248,24 +248,29 @@ CREATE TABLE __SCHEMA__.leases (
     CONSTRAINT leases_pkey PRIMARY KEY (lease_slot, job_id, run_lease)
 ) PARTITION BY LIST (lease_slot);
 CREATE INDEX leases_job ON ONLY __SCHEMA__.leases USING btree (job_id);
+CREATE INDEX leases_queue ON ONLY __SCHEMA__.leases USING btree (queue);
 CREATE INDEX leases_token ON ONLY __SCHEMA__.leases USING btree (callback_token);
 
 CREATE TABLE __SCHEMA__.leases_0 PARTITION OF __SCHEMA__.leases FOR VALUES IN ('0');
 CREATE UNIQUE INDEX leases_0_pkey ON __SCHEMA__.leases_0 USING btree (lease_slot, job_id, run_lease);  -- of the parent's constraint
 CREATE INDEX leases_0_callback_token_idx ON __SCHEMA__.leases_0 USING btree (callback_token);
 CREATE INDEX leases_0_job_id_idx ON __SCHEMA__.leases_0 USING btree (job_id);
+CREATE INDEX leases_0_queue_idx ON __SCHEMA__.leases_0 USING btree (queue);
 CREATE TABLE __SCHEMA__.leases_1 PARTITION OF __SCHEMA__.leases FOR VALUES IN ('1');
 CREATE UNIQUE INDEX leases_1_pkey ON __SCHEMA__.leases_1 USING btree (lease_slot, job_id, run_lease);  -- of the parent's constraint
 CREATE INDEX leases_1_callback_token_idx ON __SCHEMA__.leases_1 USING btree (callback_token);
 CREATE INDEX leases_1_job_id_idx ON __SCHEMA__.leases_1 USING btree (job_id);
+CREATE INDEX leases_1_queue_idx ON __SCHEMA__.leases_1 USING btree (queue);
 CREATE TABLE __SCHEMA__.leases_2 PARTITION OF __SCHEMA__.leases FOR VALUES IN ('2');
 CREATE UNIQUE INDEX leases_2_pkey ON __SCHEMA__.leases_2 USING btree (lease_slot, job_id, run_lease);  -- of the parent's constraint
 CREATE INDEX leases_2_callback_token_idx ON __SCHEMA__.leases_2 USING btree (callback_token);
 CREATE INDEX leases_2_job_id_idx ON __SCHEMA__.leases_2 USING btree (job_id);
+CREATE INDEX leases_2_queue_idx ON __SCHEMA__.leases_2 USING btree (queue);
 CREATE TABLE __SCHEMA__.leases_3 PARTITION OF __SCHEMA__.leases FOR VALUES IN ('3');
 CREATE UNIQUE INDEX leases_3_pkey ON __SCHEMA__.leases_3 USING btree (lease_slot, job_id, run_lease);  -- of the parent's constraint
 CREATE INDEX leases_3_callback_token_idx ON __SCHEMA__.leases_3 USING btree (callback_token);
 CREATE INDEX leases_3_job_id_idx ON __SCHEMA__.leases_3 USING btree (job_id);
+CREATE INDEX leases_3_queue_idx ON __SCHEMA__.leases_3 USING btree (queue);
 
 CREATE TABLE __SCHEMA__.queue_claim_heads (
     lane_id integer NOT NULL,
@@ -2888,8 +2893,9 @@ BEGIN
             INTO v_open_slots, v_open_ids, v_seen_lanes, v_seen_seqs, v_running
             FROM __SCHEMA__.limit_open_receipts(p_queue, v_st.open_slots, v_st.open_ids,
                                                 v_st.seen_lanes, v_st.seen_seqs) o;
-            -- attempts parked for a callback (receipt closed, lease live) still run
-            v_running := v_running + (SELECT count(*) FROM __SCHEMA__.leases l WHERE l.queue = p_queue);
+            -- attempts parked for a callback (receipt closed, lease live) still run; counted up to
+            -- the room the receipts leave, no further (Index: leases_queue (queue))
+            v_running := v_running + __SCHEMA__.queue_leases_up_to(p_queue, v_lim.max_running - v_running);
             v_allow := greatest(least(v_allow, v_lim.max_running - v_running), 0);
         END IF;
         v_changed := v_open_ids IS DISTINCT FROM v_st.open_ids OR v_open_slots IS DISTINCT FROM v_st.open_slots
@@ -3423,6 +3429,21 @@ AS $function$
     LEFT JOIN __SCHEMA__.queue_limits l ON l.queue = q.queue
     ORDER BY q.queue
 $function$;
+
+CREATE OR REPLACE FUNCTION __SCHEMA__.queue_leases_up_to(p_queue text, p_limit integer)
+ RETURNS integer
+ LANGUAGE plpgsql
+ STABLE
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET enable_seqscan TO 'off'
+AS $function$
+BEGIN
+    IF p_limit <= 0 THEN
+        RETURN 0;
+    END IF;
+    -- Index: leases_queue (queue)
+    RETURN (SELECT count(*) FROM (SELECT 1 FROM __SCHEMA__.leases l WHERE l.queue = p_queue LIMIT p_limit) x);
+END $function$;
 
 CREATE OR REPLACE FUNCTION __SCHEMA__.queue_limit_status()
  RETURNS TABLE(queue text, max_running integer, rate_count double precision, rate_per double precision, rate_burst double precision, running bigint, tokens double precision)
