@@ -49,6 +49,18 @@ def counted(conn: psycopg.Connection, count: Callable[[psycopg.Connection], dict
     return result, {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
 
 
+def ring_child_blocks(conn: psycopg.Connection, schema: str, children: str) -> dict[str, int]:
+    """Buffers this transaction fetched from each table of ``schema`` whose name matches the regular
+    expression ``children`` (a ring's children, e.g. ``'^leases_[0-9]+$'``) and from each of their indexes."""
+    rows = sqlx(conn, schema, """
+        SELECT r.relname, pg_stat_get_xact_blocks_fetched(r.oid)
+        FROM pg_class r JOIN pg_namespace n ON n.oid = r.relnamespace
+        LEFT JOIN pg_index x ON x.indexrelid = r.oid
+        JOIN pg_class t ON t.oid = COALESCE(x.indrelid, r.oid)
+        WHERE n.nspname = %s AND t.relkind = 'r' AND t.relname ~ %s""", (schema, children)).fetchall()
+    return {name: int(n) for name, n in rows}
+
+
 def explained(conn: psycopg.Connection, call: Callable[[], Any], *, analyze: bool = False,
               json_format: bool = False) -> tuple[Any, list[str]]:
     """Run ``call()`` with auto_explain sending the plan of every statement it runs on ``conn``

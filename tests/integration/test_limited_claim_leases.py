@@ -13,7 +13,7 @@ import pytest
 
 from awa_fast.client import Client
 from tests.fixtures.database import sqlx
-from tests.integration.storage_helpers import counted
+from tests.integration.storage_helpers import counted, ring_child_blocks
 
 pytestmark = pytest.mark.integration
 
@@ -21,17 +21,6 @@ Q = "limited"
 OTHER = "callbacks"
 PARKED_ELSEWHERE = 6_000  # ~130 heap pages of leases: a whole read is far above BOUND
 BOUND = 24  # per claim: an index probe per lease slot (4) and a few rows of the queue's own
-
-
-def _lease_ring_blocks(conn: psycopg.Connection, schema: str) -> dict[str, int]:
-    """Buffers this transaction fetched from each of the lease ring's children and their indexes."""
-    rows = sqlx(conn, schema, """
-        SELECT r.relname, pg_stat_get_xact_blocks_fetched(r.oid)
-        FROM pg_class r JOIN pg_namespace n ON n.oid = r.relnamespace
-        LEFT JOIN pg_index x ON x.indexrelid = r.oid
-        JOIN pg_class t ON t.oid = COALESCE(x.indrelid, r.oid)
-        WHERE n.nspname = %s AND t.relkind = 'r' AND t.relname ~ '^leases_[0-9]+$'""", (schema,)).fetchall()
-    return {name: int(n) for name, n in rows}
 
 
 def _park(storage, conn: psycopg.Connection, queue: str, n: int) -> list:  # noqa: ANN001
@@ -49,7 +38,7 @@ def _park(storage, conn: psycopg.Connection, queue: str, n: int) -> list:  # noq
 
 
 def _limited_claim(storage, conn, schema, n):  # noqa: ANN001, ANN202
-    (got, more), fetched = counted(conn, lambda c: _lease_ring_blocks(c, schema),
+    (got, more), fetched = counted(conn, lambda c: ring_child_blocks(c, schema, '^leases_[0-9]+$'),
                                    lambda: storage.lane_claim_limited_result(conn, Q, n, 0, 1))
     return got, more, sum(fetched.values())
 

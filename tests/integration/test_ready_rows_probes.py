@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from tests.fixtures.database import connect, sqlx
-from tests.integration.storage_helpers import client, counted
+from tests.integration.storage_helpers import client, counted, ring_child_blocks
 
 pytestmark = pytest.mark.integration
 
@@ -33,20 +33,8 @@ def _assert_probed(fetched: list[int]) -> None:
     assert later[len(later) // 2] <= BOUND, fetched
 
 
-def _ready_ring_blocks(conn: psycopg.Connection, schema: str) -> dict[str, int]:
-    """Buffers this transaction fetched from each of the ready ring's children and their indexes."""
-    rows = sqlx(conn, schema, """
-        SELECT r.relname, pg_stat_get_xact_blocks_fetched(r.oid)
-        FROM pg_class r JOIN pg_namespace n ON n.oid = r.relnamespace
-        LEFT JOIN pg_index x ON x.indexrelid = r.oid
-        JOIN pg_class t ON t.oid = COALESCE(x.indrelid, r.oid)
-        WHERE n.nspname = %s AND t.relkind = 'r' AND t.relname ~ '^ready_entries_[0-9]+$'""",
-                (schema,)).fetchall()
-    return {name: int(n) for name, n in rows}
-
-
 def _blocks(a: psycopg.Connection, schema: str, call):  # noqa: ANN001, ANN202
-    result, fetched = counted(a, lambda c: _ready_ring_blocks(c, schema), call)
+    result, fetched = counted(a, lambda c: ring_child_blocks(c, schema, '^ready_entries_[0-9]+$'), call)
     return result, sum(fetched.values())
 
 
