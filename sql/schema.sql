@@ -4,7 +4,7 @@
 -- tests/integration/test_schema_snapshot.py fails when it is out of date.
 -- Rings installed with 4 slots each; owners omitted; names in C order.
 
--- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits, 0013_rotation_ledger_truncate, 0014_job_enqueue_v2, 0015_done_receipts, 0016_claim_lane_runs, 0017_key_dlq_retry, 0018_dlq_retry_keys_joined, 0019_ready_job_index_partial, 0020_drain_server_work, 0021_claim_per_receipt_columns, 0022_completion_probes_per_row, 0023_cursor_advance_index_probe, 0024_claim_limit_before_join, 0025_receipt_marks, 0026_cursor_advance_index_only, 0027_limit_open_receipts_index_only, 0028_cursor_advance_subtransactions, 0029_job_load_index_probes, 0030_ready_rows_birth_probe, 0031_cancel_receipt_probe, 0032_claim_segment_current_slot, 0033_sweep_probes_and_reserve_guard, 0034_claim_orders_working_lanes, 0035_limited_claim_lease_count
+-- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits, 0013_rotation_ledger_truncate, 0014_job_enqueue_v2, 0015_done_receipts, 0016_claim_lane_runs, 0017_key_dlq_retry, 0018_dlq_retry_keys_joined, 0019_ready_job_index_partial, 0020_drain_server_work, 0021_claim_per_receipt_columns, 0022_completion_probes_per_row, 0023_cursor_advance_index_probe, 0024_claim_limit_before_join, 0025_receipt_marks, 0026_cursor_advance_index_only, 0027_limit_open_receipts_index_only, 0028_cursor_advance_subtransactions, 0029_job_load_index_probes, 0030_ready_rows_birth_probe, 0031_cancel_receipt_probe, 0032_claim_segment_current_slot, 0033_sweep_probes_and_reserve_guard, 0034_claim_orders_working_lanes, 0035_limited_claim_lease_count, 0036_claim_ring_slots_inline
 
 
 ---------------------------------------------------------------------------
@@ -1396,7 +1396,12 @@ BEGIN
         END IF;
     END IF;
     IF v_lids IS NOT NULL THEN
-        v_claim_slot := __SCHEMA__.ring_current('claim');
+        -- the current claim slot: ring_current('claim')'s query, inlined (0036)
+        SELECT x.slot INTO v_claim_slot
+        FROM (SELECT r.slot, r.generation FROM __SCHEMA__.ring_rotations_claim_0 r
+              UNION ALL
+              SELECT r.slot, r.generation FROM __SCHEMA__.ring_rotations_claim_1 r) x
+        ORDER BY x.generation DESC LIMIT 1;
     END IF;
     FOR i IN 1 .. COALESCE(cardinality(v_lids), 0) LOOP
         EXIT WHEN v_left <= 0;
@@ -1436,7 +1441,12 @@ BEGIN
             IF pg_sequence_last_value(v_eseq) - v_cur <= 64 THEN
                 -- a short backlog: its rows are recent, most often all in the current slot
                 IF NOT v_guessed THEN
-                    v_guess := __SCHEMA__.ring_current('ready');
+                    -- the current ready slot: ring_current('ready')'s query, inlined (0036)
+                    SELECT x.slot INTO v_guess
+                    FROM (SELECT r.slot, r.generation FROM __SCHEMA__.ring_rotations_ready_0 r
+                          UNION ALL
+                          SELECT r.slot, r.generation FROM __SCHEMA__.ring_rotations_ready_1 r) x
+                    ORDER BY x.generation DESC LIMIT 1;
                     v_guessed := true;
                 END IF;
                 SELECT g.ready_slot, greatest(g.first_seq, v_cur + 1), g.last_seq, g.first_seq <= v_cur + 1
