@@ -148,9 +148,9 @@ def main() -> int:
 
         step()
         with psycopg.connect(args.dsn, autocommit=True) as c:
-            row = c.execute("SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'awa_fast%%' "
+            row = c.execute("SELECT pid FROM pg_stat_activity WHERE application_name LIKE %s "
                             "AND pid <> pg_backend_pid() AND backend_type = 'client backend' "
-                            "ORDER BY backend_start DESC LIMIT 1").fetchone()
+                            "ORDER BY backend_start DESC LIMIT 1", ("awa_fast%",)).fetchone()
         assert row is not None, "the App's pool connection was not found"
         pid = int(row[0])
     else:

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import threading
 import time
 
 import psycopg
 
+from awa_fast.bench import percentiles
 from awa_fast.client import encode_payload
 from awa_fast.storage import Storage, use_raw_jsonb
 from awa_fast.storage.connection import PoolConnection
@@ -119,8 +119,9 @@ def main() -> int:
           + (f", claim-to-completion {args.delay * 1e3:g} ms" if args.call == "complete" else "")
           + f"; load {load:.2f} -> {os.getloadavg()[0]:.2f}")
     for arm, ms in res.items():
-        ms.sort()
-        print(f"{arm:6s} n {len(ms)}  p50 {statistics.median(ms):.3f} ms  p95 {ms[int(len(ms) * 0.95)]:.3f} ms")
+        p = percentiles(ms, (50, 95))
+        assert p is not None, f"no {arm} calls were timed"
+        print(f"{arm:6s} n {len(ms)}  p50 {p['p50']:.3f} ms  p95 {p['p95']:.3f} ms")
     with psycopg.connect(args.dsn, autocommit=True) as c:
         c.execute(f"DROP SCHEMA {args.schema} CASCADE")
     return 0

@@ -24,6 +24,7 @@ import argparse
 import os
 import statistics
 import time
+from collections.abc import Callable
 
 import psycopg
 from claim_lanes_ab import shard_conns  # perf/ is on the path when this runs as a script
@@ -53,6 +54,26 @@ def body_as_of(function: str, version: int) -> str:
     start = text.index(head)
     end = text.index("END $function$;", start) + len("END $function$;")
     return text[start:end]
+
+
+def alternated(block: Callable[[str], tuple[float, float]], rounds: int) -> dict[str, list[tuple[float, float]]]:
+    """``block(arm)`` for the arms "before" and "after", ``rounds`` times, the order flipping every
+    round (AB BA ...) so a drift of the load hits both alike; each arm's (CPU us, round trip us) per block."""
+    res: dict[str, list[tuple[float, float]]] = {"before": [], "after": []}
+    for r in range(rounds):
+        for name in (("before", "after") if r % 2 == 0 else ("after", "before")):
+            res[name].append(block(name))
+    return res
+
+
+def print_rounds(res: dict[str, list[tuple[float, float]]]) -> None:
+    """Each arm's median backend CPU and round trip per claim, its blocks, and the rounds "after" won."""
+    for name, rows in res.items():
+        cpu = [x[0] for x in rows]
+        print(f"{name:6s} backend CPU us/claim median {statistics.median(cpu):7.0f}  blocks {[round(x) for x in cpu]}"
+              f"  round trip median {statistics.median(x[1] for x in rows):7.0f} us")
+    lower = sum(1 for b, a in zip(res["before"], res["after"]) if a[0] < b[0])
+    print(f"after lower in {lower} of {len(res['after'])} rounds")
 
 
 class Arm:
@@ -120,18 +141,10 @@ def main() -> int:
     for arm in arms.values():
         arm.block(50, args.batch)  # plans made, lanes created
     load = os.getloadavg()[0]
-    res: dict[str, list[tuple[float, float]]] = {"before": [], "after": []}
-    for r in range(args.rounds):
-        for name in (("before", "after") if r % 2 == 0 else ("after", "before")):
-            res[name].append(arms[name].block(args.per_block, args.batch))
+    res = alternated(lambda name: arms[name].block(args.per_block, args.batch), args.rounds)
     print(f"{args.lanes} lanes, claims of {args.batch}, {args.rounds} rounds x {args.per_block} claims per arm; "
           f"load {load:.2f} -> {os.getloadavg()[0]:.2f}; {function}, before = its body of migration {before}")
-    for name, rows in res.items():
-        cpu = [x[0] for x in rows]
-        print(f"{name:6s} backend CPU us/claim median {statistics.median(cpu):7.0f}  blocks {[round(x) for x in cpu]}"
-              f"  round trip median {statistics.median(x[1] for x in rows):7.0f} us")
-    lower = sum(1 for b, a in zip(res["before"], res["after"]) if a[0] < b[0])
-    print(f"after lower in {lower} of {args.rounds} rounds")
+    print_rounds(res)
     for arm in arms.values():
         for c in (arm.claimer, *arm.producers):
             c.close()

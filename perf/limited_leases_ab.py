@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import time
 
 import psycopg
-from claim_segment_ab import backend_cpu  # perf/ is on the path when this runs as a script
+from claim_order_ab import alternated, print_rounds  # perf/ is on the path when this runs as a script
+from claim_segment_ab import backend_cpu
 
 from awa_fast.client import Client
 from awa_fast.storage import Storage, connect, use_raw_jsonb
@@ -103,18 +103,10 @@ def main() -> int:
     for name in conns:
         block(conns[name], claims[name], 20)  # plans made
     load = os.getloadavg()[0]
-    res: dict[str, list[tuple[float, float]]] = {"before": [], "after": []}
-    for r in range(args.rounds):
-        for name in (("before", "after") if r % 2 == 0 else ("after", "before")):
-            res[name].append(block(conns[name], claims[name], args.per_block))
+    res = alternated(lambda name: block(conns[name], claims[name], args.per_block), args.rounds)
     print(f"{args.leases} callbacks parked on another queue; one-job limited claims, {args.rounds} rounds x "
           f"{args.per_block} per arm; load {load:.2f} -> {os.getloadavg()[0]:.2f}")
-    for name, rows in res.items():
-        cpu = [x[0] for x in rows]
-        print(f"{name:6s} backend CPU us/claim median {statistics.median(cpu):7.0f}  blocks {[round(x) for x in cpu]}"
-              f"  round trip median {statistics.median(x[1] for x in rows):7.0f} us")
-    lower = sum(1 for b, a in zip(res["before"], res["after"]) if a[0] < b[0])
-    print(f"after lower in {lower} of {args.rounds} rounds")
+    print_rounds(res)
     for c in conns.values():
         c.close()
     for name in ("before", "after"):
