@@ -13,6 +13,7 @@ Each service is a method with a ``run_once`` shape that tests call directly.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import time
@@ -44,6 +45,8 @@ class MaintenanceConfig:
     # "ready" absent: the ready ring follows the queues' history_retention (see ready_timing)
     rotate_intervals: dict[str, float] = field(default_factory=lambda: {"claim": 1.0, "lease": 30.0})
     prune_interval: float = 0.5
+    # every slot is asked again at least this often, even one known clean (see Maintenance.prune_once)
+    prune_recheck_interval: float = 15.0
     dlq_retention_interval: float = 60.0
     prune_lock_timeout_ms: int = 50
     batch: int = 2000
@@ -67,6 +70,12 @@ class Maintenance:
         self.last_prune_at: dict[str, float] = {}
         self.last_rotate_at: dict[str, float] = {}
         self._ready_timing: tuple[float, float, float] | None = None  # (read at, retention s, rotate s)
+        # The prune's knowledge of each ring, this leadership's only (see prune_once): the slots
+        # it need not ask before a time (slot -> (the answer it repeats, monotonic time to ask
+        # again)), the (slot, generation) seen at the last pass, and when every slot was last asked.
+        self._known: dict[str, dict[int, tuple[str, float]]] = {}
+        self._seen: dict[str, tuple[int, int]] = {}
+        self._rechecked_at: dict[str, float] = {}
         self.counters = {"promoted": 0, "rescued": 0, "callback_rescued": 0, "rotated": 0, "pruned": 0,
                          "prune_skipped": 0, "dlq_pruned": 0, "elections_won": 0}
 
@@ -97,6 +106,7 @@ class Maintenance:
             for ring in RINGS:
                 self._last[f"rotate:{ring}"] = now
             self.counters["elections_won"] += 1
+            self._forget_clean()
             log.info("maintenance leader elected (pid %d on %s)", os.getpid(), socket.gethostname(),
                      extra={"action": "leader_elected"})
             proctitle.mark_leader(True)
@@ -105,6 +115,12 @@ class Maintenance:
     def resign(self) -> None:
         """Give up leadership and close the connection (the lock goes with it)."""
         self._drop_connection()
+
+    def _forget_clean(self) -> None:
+        """Treat every slot of every ring as possibly written (a new leadership knows nothing)."""
+        self._known.clear()
+        self._seen.clear()
+        self._rechecked_at.clear()
 
     def _drop_connection(self) -> None:
         if self._leader:
@@ -142,11 +158,16 @@ class Maintenance:
         rotating it would only grow the ledger.
         """
         conn = self._lead_conn()
-        current = int(self.storage.ring_state(conn)[ring]["slot"])
+        state = self.storage.ring_state(conn)[ring]
+        current, count = int(state["slot"]), int(state["slots"])
         if self.storage.ring_slot_empty(conn, ring, current):
             return None
         slot = self.storage.ring_rotate(conn, ring)
-        if slot is not None:
+        if slot is None:
+            # the next slot holds rows (a write that came after its last prune, into a slot
+            # that was no longer current): the prune must look at it again
+            self._known.get(ring, {}).pop((current + 1) % count, None)
+        else:
             self.counters["rotated"] += 1
             self.last_rotate_at[ring] = time.time()
         return slot
@@ -156,29 +177,78 @@ class Maintenance:
 
         The ready ring keeps a quiet slot for the history retention first
         (``retained``), unless an explicit ready rotation interval is set.
+
+        A slot found ``empty`` or ``pruned`` is clean: it is not asked again
+        (and counts as ``empty``) until it has been current once more, or a
+        rotation found it holding rows, or ``prune_recheck_interval`` has
+        passed since every slot was last asked (a late write into a sealed
+        slot: a claim or a producer that read the current slot just before a
+        rotation). A ``retained`` slot is asked again after a tenth of the
+        retention (at most the recheck interval), so its prune comes at most
+        that late. Skipping a slot never removes a row, it only defers a
+        prune, and a ring is never stuck: the rotation that needs the slot
+        makes the next pass ask it. So an idle ring costs one ``ring_state``
+        read per pass, not one call per slot.
         """
         conn = self._lead_conn()
         state = self.storage.ring_state(conn)[ring]
-        current, count = int(state["slot"]), int(state["slots"])
+        current, count, generation = int(state["slot"]), int(state["slots"]), int(state["generation"])
+        now = time.monotonic()
+        known = self._known_since_last_pass(ring, current, count, generation, now)
         retain = self.ready_timing(count)[0] if ring == "ready" else None
         outcomes: dict[str, int] = {}
         for i in range(1, count):
             slot = (current + i) % count
-            if retain is None:
-                word = self.storage.ring_prune(conn, ring, slot, self.config.prune_lock_timeout_ms)
+            if slot in known and now < known[slot][1]:
+                word = known[slot][0]
             else:
-                word = self.storage.ring_prune_retained(conn, ring, slot, retain, self.config.prune_lock_timeout_ms)
+                if retain is None:
+                    word = self.storage.ring_prune(conn, ring, slot, self.config.prune_lock_timeout_ms)
+                else:
+                    word = self.storage.ring_prune_retained(conn, ring, slot, retain,
+                                                            self.config.prune_lock_timeout_ms)
+                if word in ("empty", "pruned"):
+                    known[slot] = ("empty", math.inf)
+                elif word == "retained" and retain is not None:
+                    known[slot] = (word, now + min(retain / 10, self.config.prune_recheck_interval))
+                else:
+                    known.pop(slot, None)
+                if word == "pruned":
+                    self.counters["pruned"] += 1
+                elif word not in ("empty", "current", "retained"):
+                    self.counters["prune_skipped"] += 1
             outcomes[word] = outcomes.get(word, 0) + 1
-            if word == "pruned":
-                self.counters["pruned"] += 1
-            elif word not in ("empty", "current", "retained"):
-                self.counters["prune_skipped"] += 1
         self.last_prune[ring] = outcomes
         totals = self.prune_totals.setdefault(ring, {})
         for word, n in outcomes.items():
             totals[word] = totals.get(word, 0) + n
         self.last_prune_at[ring] = time.time()
         return outcomes
+
+    def _known_since_last_pass(self, ring: str, current: int, count: int, generation: int,
+                               now: float) -> dict[int, tuple[str, float]]:
+        """What the prune knows of the ring's slots, less every slot that may have been written since the last pass.
+
+        Each rotation moves the ring one slot on, so the slots current since the
+        last pass are the ``generation`` difference's worth from the slot seen
+        then (all of them after a full cycle, or a generation that went back).
+        """
+        known = self._known.setdefault(ring, {})
+        seen = self._seen.get(ring)
+        if seen is None or now - self._rechecked_at.get(ring, -math.inf) >= self.config.prune_recheck_interval:
+            known.clear()
+            self._rechecked_at[ring] = now
+        else:
+            slot, gen = seen
+            moved = generation - gen
+            if moved < 0 or moved >= count:
+                known.clear()
+            else:
+                for k in range(moved + 1):
+                    known.pop((slot + k) % count, None)
+        known.pop(current, None)
+        self._seen[ring] = (current, generation)
+        return known
 
     def ready_timing(self, slots: int | None = None) -> tuple[float | None, float]:
         """(history retention s, rotation interval s) of the ready ring.
