@@ -19,7 +19,11 @@ completion arms (``--calls complete``):
 
 claim arms (``--calls claim``):
 
-* ``cursor``: ``Storage.lane_claim`` (a new binary cursor per call, as the claimer does);
+* ``cursor``: the statement through a new binary cursor per call, what ``Storage.lane_claim``
+  runs on a plain connection (and the claimer ran until 2026-12-07);
+* ``direct``: ``Storage.lane_claim`` on a ``PoolConnection``, as the claimer does now: the
+  statement prepared once and run through libpq, the rows loaded by the connection's kept
+  Transformer and decoded into snapshots;
 * ``reused``: the same statement on one cursor kept for the whole run;
 * ``libpq``: the statement prepared and run through libpq, the result left undecoded
   (a lower bound for a client that decoded libpq's binary rows itself); its jobs stay
@@ -61,7 +65,7 @@ from awa_fast.storage.migrate import migrate
 
 QUEUE, KIND, PRIORITY = "bench", "bench.noop", 2
 COMPLETE_ARMS = ("lists", "literals", "libpq", "empty")
-CLAIM_ARMS = ("cursor", "reused", "libpq")
+CLAIM_ARMS = ("cursor", "direct", "reused", "libpq")
 WARM = 10  # first calls of each arm not counted (statement preparation)
 
 
@@ -82,7 +86,7 @@ def run(dsn: str, schema: str, calls: Sequence[str], jobs: int, sync: str) -> di
     migrate(dsn, schema)
     st = Storage(schema)
     producer = psycopg.connect(dsn, autocommit=True)
-    claimer = psycopg.connect(dsn, autocommit=True)
+    claimer = PoolConnection.connect(dsn, autocommit=True)  # every claim arm runs on this one session
     use_raw_jsonb(claimer)
     batcher = PoolConnection.connect(dsn, autocommit=True)  # a plain cursor path runs on it too
     for c in (claimer, batcher):
@@ -109,7 +113,14 @@ def run(dsn: str, schema: str, calls: Sequence[str], jobs: int, sync: str) -> di
         return lambda s: batcher.execute(q_empty, _complete_params(s, True)).fetchall()
 
     def claim_cursor() -> list[ClaimSnapshot]:
-        return st.lane_claim(claimer, QUEUE, 64)
+        from awa_fast import _impl
+
+        cur = claimer.cursor(binary=True)  # what Storage.lane_claim_result runs on a plain connection
+        cur.execute(st.q["lane_claim"], (QUEUE, 64, 0, 1))
+        rows = cur.fetchall()
+        if rows and rows[-1][0] is None:
+            rows.pop()
+        return _impl.decode_snapshots(rows)
 
     def claim_reused() -> list[ClaimSnapshot]:
         from awa_fast import _impl
@@ -124,6 +135,8 @@ def run(dsn: str, schema: str, calls: Sequence[str], jobs: int, sync: str) -> di
 
     def claim_libpq() -> list[Any]:
         pg = claimer.pgconn
+        if not prepared[0] and claim_name in claimer._direct_prepared():  # noqa: SLF001 - the direct arm's
+            prepared[0] = True
         if not prepared[0]:
             assert pg.prepare(claim_name, claim_sql).status == pq.ExecStatus.COMMAND_OK
             prepared[0] = True
@@ -133,13 +146,15 @@ def run(dsn: str, schema: str, calls: Sequence[str], jobs: int, sync: str) -> di
         return [tuple(res.get_value(i, j) for j in range(res.nfields)) for i in range(res.ntuples)
                 if res.get_value(i, 0) is not None]
 
-    claim_arms = {"cursor": claim_cursor, "reused": claim_reused, "libpq": claim_libpq}
+    claim_arms = {"cursor": claim_cursor, "direct": lambda: st.lane_claim(claimer, QUEUE, 64),
+                  "reused": claim_reused, "libpq": claim_libpq}
     timed: dict[str, dict[str, tuple[list[float], list[float]]]] = {}
     if "complete" in calls:
         timed["complete"] = {a: ([], []) for a in COMPLETE_ARMS}
     if "claim" in calls:
         timed["claim"] = {a: ([], []) for a in CLAIM_ARMS}
     args = encode_payload({})
+    completes = 0
     for i in range(jobs):
         st.job_enqueue(producer, QUEUE, PRIORITY, KIND, args, None, 3)
         if "claim" in timed:
@@ -155,7 +170,8 @@ def run(dsn: str, schema: str, calls: Sequence[str], jobs: int, sync: str) -> di
         else:
             snaps = st.lane_claim(claimer, QUEUE, 64)
         if "complete" in timed and snaps:
-            arm = COMPLETE_ARMS[i % len(COMPLETE_ARMS)]
+            arm = COMPLETE_ARMS[completes % len(COMPLETE_ARMS)]  # its own turn: the claim arms leave gaps
+            completes += 1
             t, u = time.perf_counter(), time.thread_time()
             complete_arm(arm)(snaps)
             cpu, wall = time.thread_time() - u, time.perf_counter() - t

@@ -46,6 +46,7 @@ from awa_fast.runtime.listener import Listener, ListenerConfig, Wakeup
 from awa_fast.runtime.stopflag import StopFlag
 from awa_fast.runtime.watchdog import IoGuard, Watchdog, WatchdogConfig
 from awa_fast.storage import Storage, close_quietly, connect, use_raw_jsonb
+from awa_fast.storage.connection import PoolConnection
 
 __all__ = ["LOCAL_WORK_S", "Claimer", "ClaimerConfig", "claim_ahead", "next_claim_size", "claimer_main",
            "die_with_parent",
@@ -298,9 +299,12 @@ class Claimer:
 
     def _claim_connection(self) -> psycopg.Connection:
         if self._claim_conn is None or self._claim_conn.closed:
+            # a PoolConnection: the claim thread alone holds it, so the plain claim can run as a
+            # statement prepared once on libpq (Storage.lane_claim_result)
             self._claim_conn = connect(self.config.dsn,
                                        application_name=f"awa_fast:claimer:{self.config.queue}#{self.config.stripe}",
-                                       connect_timeout=int(self.config.io_timeout + 0.999))
+                                       connect_timeout=int(self.config.io_timeout + 0.999),
+                                       connection_class=PoolConnection)
             use_raw_jsonb(self._claim_conn)  # the claim's jsonb values as raw JSON bytes, cut by the codec
             # Snapshots' created_at in UTC: psycopg's loader skips the zone conversion it does
             # for a named zone ('Etc/UTC', 'Europe/Paris', ...), ~0.45 us of every claimed job.

@@ -96,7 +96,7 @@ class Storage(KeyLimitQueries, SessionQueries):
     """All SQL of one awa-fast schema. Stateless apart from its rendered queries."""
 
     __slots__ = ("schema", "q", "channel", "_closure_copy", "_done_result_copy", "_enqueue_direct",
-                 "_complete_rows_direct")
+                 "_complete_rows_direct", "_claim_direct")
 
     def __init__(self, schema: str = "awa_fast") -> None:
         self.schema = validate_schema(schema)
@@ -106,6 +106,7 @@ class Storage(KeyLimitQueries, SessionQueries):
         self._done_result_copy = render(_DONE_RESULT_COPY, schema)
         self._enqueue_direct = _direct_statement(self.q["job_enqueue"])
         self._complete_rows_direct = _direct_statement(self.q["receipt_complete_rows"])
+        self._claim_direct = _direct_statement(self.q["lane_claim"])
 
     def __repr__(self) -> str:
         return f"Storage(schema={self.schema!r})"
@@ -308,9 +309,17 @@ class Storage(KeyLimitQueries, SessionQueries):
         only because another claimer held a lane head that has work: claim
         again soon rather than wait for a NOTIFY.
         """
-        cur = conn.cursor(binary=True)  # binary results: C loaders for ints and timestamps
-        cur.execute(self.q["lane_claim"], (queue, limit, stripe, stripes))
-        rows = cur.fetchall()
+        if isinstance(conn, PoolConnection) and conn.idle_autocommit:
+            # a claimer's own connection: the statement prepared once, run through libpq, its
+            # binary rows loaded by the connection's kept Transformer (no cursor per claim)
+            name, sql = self._claim_direct
+            res = conn.run_prepared(name, sql, (queue.encode(), _INT4.pack(limit), _INT4.pack(stripe),
+                                                _INT4.pack(stripes)))
+            rows = conn.load_tuples(res)
+        else:
+            cur = conn.cursor(binary=True)  # binary results: C loaders for ints and timestamps
+            cur.execute(self.q["lane_claim"], (queue, limit, stripe, stripes))
+            rows = cur.fetchall()
         lane_busy = bool(rows) and rows[-1][0] is None
         if lane_busy:
             rows.pop()
