@@ -263,13 +263,18 @@ def test_lost_commit_ack_of_a_completion_batch(pg, proxy, obs, schema, tmp_path)
 
 def test_lost_ack_of_a_claim(pg, proxy, obs, schema, tmp_path):
     """A claim commits but its rows never reach the claimer: the attempts are rescued and run again."""
-    n = 50
+    n, first = 50, 4
     sup = _sup(pg, proxy, schema, tmp_path, stripes=1, concurrency=8)
-    # jobs wait before the claimer starts, so its first claim (sent as text: later ones are
-    # prepared statements) takes some, and that answer is lost
-    enqueue_many(pg.dsn, schema, n, {"sleep": 0.002})
-    rule = proxy.lose_ack(r"^awa_fast:claimer:", b"claim_batch", close_after=0.2, count=1)
+    # The claim runs as a statement prepared once on the claimer's session (Storage.lane_claim_result):
+    # a few jobs first, so that it is prepared; then the next claim's Bind message (it names the
+    # statement, then its four parameter formats; a Parse has the query text there) loses its answer.
+    statement = _direct_statement(Storage(schema).q["lane_claim"])[0]
     with supervisors(sup.start()):
+        enqueue_many(pg.dsn, schema, first, {"sleep": 0.002})
+        wait_terminal(obs, schema, first, 30)
+        rule = proxy.lose_ack(r"^awa_fast:claimer:", b"\x00" + statement + b"\x00\x00\x04", close_after=0.2,
+                              count=1)
+        enqueue_many(pg.dsn, schema, n - first, {"sleep": 0.002})
         wait_for(lambda: rule.fired, 10, "the lost claim answer")
         t_lost = time.monotonic()
         wait_terminal(obs, schema, n, 30)
