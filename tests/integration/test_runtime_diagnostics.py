@@ -103,8 +103,10 @@ def test_stacks_signal_writes_every_thread_of_a_claimer_to_the_log(pg_dsn, schem
     with SupervisorProc(pg_dsn, schema, tmp_path, queues=[f"{QUEUE}:stripes=1,concurrency=4"]) as sup:
         pids = sup.wait_running(1)
         pid = pids[(QUEUE, 0)]
-        os.kill(pid, STACKS_SIGNAL)
-        wait_for(lambda: "_claim_loop" in sup.output(), 10, "the claimer's stacks in the log")
+        # a claimer publishes "running" just before its claim thread enters the claim loop: a dump
+        # taken in between shows no claim loop, so signal again (every dump is harmless) until one does
+        wait_for(lambda: os.kill(pid, STACKS_SIGNAL) or "_claim_loop" in sup.output(), 10,
+                 "the claimer's stacks in the log", interval=0.25)
         out = sup.output()
         # the claim thread and its helper threads, by the functions they run
         assert "(most recent call first)" in out
