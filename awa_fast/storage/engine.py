@@ -96,7 +96,7 @@ class Storage(KeyLimitQueries, SessionQueries):
     """All SQL of one awa-fast schema. Stateless apart from its rendered queries."""
 
     __slots__ = ("schema", "q", "channel", "_closure_copy", "_done_result_copy", "_enqueue_direct",
-                 "_complete_rows_direct", "_claim_direct")
+                 "_complete_rows_direct", "_claims_direct")
 
     def __init__(self, schema: str = "awa_fast") -> None:
         self.schema = validate_schema(schema)
@@ -106,7 +106,8 @@ class Storage(KeyLimitQueries, SessionQueries):
         self._done_result_copy = render(_DONE_RESULT_COPY, schema)
         self._enqueue_direct = _direct_statement(self.q["job_enqueue"])
         self._complete_rows_direct = _direct_statement(self.q["receipt_complete_rows"])
-        self._claim_direct = _direct_statement(self.q["lane_claim"])
+        self._claims_direct = {name: _direct_statement(self.q[name])
+                               for name in ("lane_claim", "lane_claim_limited", "lane_claim_keyed")}
 
     def __repr__(self) -> str:
         return f"Storage(schema={self.schema!r})"
@@ -309,21 +310,26 @@ class Storage(KeyLimitQueries, SessionQueries):
         only because another claimer held a lane head that has work: claim
         again soon rather than wait for a NOTIFY.
         """
+        return self._claim_rows(conn, "lane_claim", queue, limit, stripe, stripes)
+
+    def _claim_rows(self, conn: psycopg.Connection, name: str, queue: str, limit: int, stripe: int,
+                    stripes: int) -> tuple[list[ClaimSnapshot], bool]:
+        """Run the claim statement ``name``; its snapshots, and whether its last row was the backlog marker."""
         if isinstance(conn, PoolConnection) and conn.idle_autocommit:
             # a claimer's own connection: the statement prepared once, run through libpq, its
             # binary rows loaded by the connection's kept Transformer (no cursor per claim)
-            name, sql = self._claim_direct
-            res = conn.run_prepared(name, sql, (queue.encode(), _INT4.pack(limit), _INT4.pack(stripe),
+            stmt, sql = self._claims_direct[name]
+            res = conn.run_prepared(stmt, sql, (queue.encode(), _INT4.pack(limit), _INT4.pack(stripe),
                                                 _INT4.pack(stripes)))
             rows = conn.load_tuples(res)
         else:
             cur = conn.cursor(binary=True)  # binary results: C loaders for ints and timestamps
-            cur.execute(self.q["lane_claim"], (queue, limit, stripe, stripes))
+            cur.execute(self.q[name], (queue, limit, stripe, stripes))
             rows = cur.fetchall()
-        lane_busy = bool(rows) and rows[-1][0] is None
-        if lane_busy:
+        marker = bool(rows) and rows[-1][0] is None
+        if marker:
             rows.pop()
-        return _impl.decode_snapshots(rows), lane_busy
+        return _impl.decode_snapshots(rows), marker
 
     # -- completion -----------------------------------------------------------
 
@@ -1022,13 +1028,7 @@ class Storage(KeyLimitQueries, SessionQueries):
         the second value is also True when a limit (not the lack of work) made
         the claim short, so the claimer comes back after its busy pause.
         """
-        cur = conn.cursor(binary=True)
-        cur.execute(self.q["lane_claim_limited"], (queue, limit, stripe, stripes))
-        rows = cur.fetchall()
-        more = bool(rows) and rows[-1][0] is None
-        if more:
-            rows.pop()
-        return _impl.decode_snapshots(rows), more
+        return self._claim_rows(conn, "lane_claim_limited", queue, limit, stripe, stripes)
 
     def queue_limits_get(self, conn: psycopg.Connection, queue: str) -> QueueLimits | None:
         """The queue's flow-control settings, or None when it has none (one primary-key probe)."""

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from awa_fast import _impl
 from awa_fast.storage.types import as_jsonb
 
 if TYPE_CHECKING:
@@ -31,6 +30,9 @@ class KeyLimitQueries:
 
     __slots__ = ()
     q: dict[str, str]
+    if TYPE_CHECKING:  # Storage's
+        def _claim_rows(self, conn: psycopg.Connection, name: str, queue: str, limit: int, stripe: int,
+                        stripes: int) -> tuple[list[ClaimSnapshot], bool]: ...
 
     # -- enqueue ----------------------------------------------------------------------
 
@@ -99,13 +101,7 @@ class KeyLimitQueries:
         ``lane_claim_limited_result``; the second value is also True when the
         claim came back short while due jobs still wait on a key.
         """
-        cur = conn.cursor(binary=True)
-        cur.execute(self.q["lane_claim_keyed"], (queue, limit, stripe, stripes))
-        rows = cur.fetchall()
-        more = bool(rows) and rows[-1][0] is None
-        if more:
-            rows.pop()
-        return _impl.decode_snapshots(rows), more
+        return self._claim_rows(conn, "lane_claim_keyed", queue, limit, stripe, stripes)
 
     # -- settings and status ----------------------------------------------------------
 

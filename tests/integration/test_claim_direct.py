@@ -134,3 +134,26 @@ def test_a_server_error_raises_the_psycopg_class_and_the_connection_stays_usable
         conn.execute(original)
     assert direct.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     assert len(storage.lane_claim(direct, "ok", 1)) == 1  # the same session, still usable
+
+
+def test_the_limited_and_keyed_claims_take_the_same_path(pg_dsn, schema, storage, conn, direct, plain):
+    # a limited queue: at most 2 running, so 2 of 3 jobs come back on either path, with the marker
+    storage.queue_limits_set(conn, "lim-c", max_running=2)
+    storage.queue_limits_set(conn, "lim-d", max_running=2)
+    _enqueue_alike(schema, conn, "lim-c")
+    _enqueue_alike(schema, conn, "lim-d")
+    want, more_c = storage.lane_claim_limited_result(plain, "lim-c", 10)
+    got, more_d = storage.lane_claim_limited_result(direct, "lim-d", 10)
+    assert len(want) == len(got) == 2 and more_c is more_d is True
+    assert [{k: v for k, v in msgspec.structs.asdict(s).items() if k not in IDENTITY} for s in got] == \
+           [{k: v for k, v in msgspec.structs.asdict(s).items() if k not in IDENTITY} for s in want]
+    # a keyed queue: at most one job of a key at once
+    client = sh.client(schema)
+    for q in ("key-c", "key-d"):
+        storage.queue_key_limit_set(conn, q, 1)
+        for i in range(3):
+            client.enqueue(sh.KIND, {"i": i}, queue=q, concurrency_key="A", conn=conn)
+    want_k, _ = storage.lane_claim_keyed_result(plain, "key-c", 10)
+    got_k, _ = storage.lane_claim_keyed_result(direct, "key-d", 10)
+    assert len(want_k) == len(got_k) == 1 and got_k[0].args == want_k[0].args
+    assert len(_prepared(direct)) == 2 and _prepared(plain) == []  # one statement per claim kind
