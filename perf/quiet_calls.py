@@ -100,7 +100,7 @@ def run(dsn: str, schema: str, calls: Sequence[str], jobs: int, sync: str) -> di
     batcher.execute(empty.replace("__SCHEMA__", f'"{schema}"'))
     q_empty = q_complete.replace("receipt_complete_rows_v2(", "bench_empty_complete(")
     reused = claimer.cursor(binary=True)
-    claim_name, claim_sql = _direct_statement(st.q["lane_claim"])
+    claim_name = _direct_statement(st.q["lane_claim"])[0]  # the name Storage prepares the claim under
     ints = struct.Struct("!i")
 
     def complete_arm(arm: str) -> Callable[[list[ClaimSnapshot]], object]:
@@ -112,36 +112,30 @@ def run(dsn: str, schema: str, calls: Sequence[str], jobs: int, sync: str) -> di
             return lambda s: st.receipt_complete_rows(batcher, s)
         return lambda s: batcher.execute(q_empty, _complete_params(s, True)).fetchall()
 
-    def claim_cursor() -> list[ClaimSnapshot]:
+    def snapshots(rows: list[Any]) -> list[ClaimSnapshot]:
+        """The cursor arms' rows as Storage decodes them: the backlog marker dropped, then snapshots."""
         from awa_fast import _impl
 
+        if rows and rows[-1][0] is None:
+            rows.pop()
+        return _impl.decode_snapshots(rows)
+
+    def claim_cursor() -> list[ClaimSnapshot]:
         cur = claimer.cursor(binary=True)  # what Storage.lane_claim_result runs on a plain connection
         cur.execute(st.q["lane_claim"], (QUEUE, 64, 0, 1))
-        rows = cur.fetchall()
-        if rows and rows[-1][0] is None:
-            rows.pop()
-        return _impl.decode_snapshots(rows)
+        return snapshots(cur.fetchall())
 
     def claim_reused() -> list[ClaimSnapshot]:
-        from awa_fast import _impl
-
         reused.execute(st.q["lane_claim"], (QUEUE, 64, 0, 1))
-        rows = reused.fetchall()
-        if rows and rows[-1][0] is None:
-            rows.pop()
-        return _impl.decode_snapshots(rows)
+        return snapshots(reused.fetchall())
 
-    prepared = [False]
+    # the direct arm's statement, prepared on the session before the first job (the queue is empty:
+    # nothing is claimed); the libpq arm runs the same prepared statement
+    st.lane_claim(claimer, QUEUE, 64)
 
     def claim_libpq() -> list[Any]:
-        pg = claimer.pgconn
-        if not prepared[0] and claim_name in claimer._direct_prepared():  # noqa: SLF001 - the direct arm's
-            prepared[0] = True
-        if not prepared[0]:
-            assert pg.prepare(claim_name, claim_sql).status == pq.ExecStatus.COMMAND_OK
-            prepared[0] = True
-        res = pg.exec_prepared(claim_name, [QUEUE.encode(), ints.pack(64), ints.pack(0), ints.pack(1)],
-                               [1, 1, 1, 1], 1)
+        res = claimer.pgconn.exec_prepared(claim_name, [QUEUE.encode(), ints.pack(64), ints.pack(0), ints.pack(1)],
+                                           [1, 1, 1, 1], 1)
         assert res.status == pq.ExecStatus.TUPLES_OK, res.error_message
         return [tuple(res.get_value(i, j) for j in range(res.nfields)) for i in range(res.ntuples)
                 if res.get_value(i, 0) is not None]
