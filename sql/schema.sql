@@ -4,7 +4,7 @@
 -- tests/integration/test_schema_snapshot.py fails when it is out of date.
 -- Rings installed with 4 slots each; owners omitted; names in C order.
 
--- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits, 0013_rotation_ledger_truncate, 0014_job_enqueue_v2, 0015_done_receipts, 0016_claim_lane_runs, 0017_key_dlq_retry, 0018_dlq_retry_keys_joined, 0019_ready_job_index_partial, 0020_drain_server_work, 0021_claim_per_receipt_columns, 0022_completion_probes_per_row, 0023_cursor_advance_index_probe, 0024_claim_limit_before_join, 0025_receipt_marks, 0026_cursor_advance_index_only, 0027_limit_open_receipts_index_only, 0028_cursor_advance_subtransactions, 0029_job_load_index_probes, 0030_ready_rows_birth_probe, 0031_cancel_receipt_probe, 0032_claim_segment_current_slot, 0033_sweep_probes_and_reserve_guard, 0034_claim_orders_working_lanes, 0035_limited_claim_lease_count, 0036_claim_ring_slots_inline
+-- migrations applied: 0001_queue_storage, 0002_storage_functions, 0003_generic_plans_claim_v2, 0004_enqueue_backlog_probe, 0005_drop_dead_functions, 0006_security_definer_grants, 0007_results_progress_history, 0008_schema_compat, 0009_runtime_hardening, 0010_flow_control, 0011_periodic_unique, 0012_key_limits, 0013_rotation_ledger_truncate, 0014_job_enqueue_v2, 0015_done_receipts, 0016_claim_lane_runs, 0017_key_dlq_retry, 0018_dlq_retry_keys_joined, 0019_ready_job_index_partial, 0020_drain_server_work, 0021_claim_per_receipt_columns, 0022_completion_probes_per_row, 0023_cursor_advance_index_probe, 0024_claim_limit_before_join, 0025_receipt_marks, 0026_cursor_advance_index_only, 0027_limit_open_receipts_index_only, 0028_cursor_advance_subtransactions, 0029_job_load_index_probes, 0030_ready_rows_birth_probe, 0031_cancel_receipt_probe, 0032_claim_segment_current_slot, 0033_sweep_probes_and_reserve_guard, 0034_claim_orders_working_lanes, 0035_limited_claim_lease_count, 0036_claim_ring_slots_inline, 0037_claim_prune_recheck_by_count
 
 
 ---------------------------------------------------------------------------
@@ -4058,6 +4058,8 @@ DECLARE
     v_quiet_gen bigint;
     v_quiet_at timestamptz;
     v_timeout interval;
+    v_receipts bigint;
+    v_count bigint;
 BEGIN
     IF p_ring IS NULL OR p_ring NOT IN ('ready', 'claim', 'lease') THEN
         RAISE EXCEPTION 'unknown ring %; use ready, claim or lease', quote_nullable(p_ring)
@@ -4100,9 +4102,15 @@ BEGIN
                 SELECT DISTINCT g.lane_id FROM __SCHEMA__.ready_segments g WHERE g.ready_slot = p_slot));
             v_gate := __SCHEMA__.ready_prune_gate(p_slot);
         ELSIF p_ring = 'claim' THEN
-            PERFORM __SCHEMA__.lanes_cursor_advance(ARRAY(
-                SELECT DISTINCT c.lane_id FROM __SCHEMA__.lease_claims c WHERE c.claim_slot = p_slot));
-            v_gate := __SCHEMA__.claim_prune_gate(p_slot);
+            -- The slot's receipts, counted before pass 1 reads its gates and again under the
+            -- lock (0037): the same count there means the same receipts, whose gates passed.
+            SELECT count(*) INTO v_count FROM __SCHEMA__.lease_claims c WHERE c.claim_slot = p_slot;
+            IF pass = 1 OR v_count IS DISTINCT FROM v_receipts THEN
+                PERFORM __SCHEMA__.lanes_cursor_advance(ARRAY(
+                    SELECT DISTINCT c.lane_id FROM __SCHEMA__.lease_claims c WHERE c.claim_slot = p_slot));
+                v_gate := __SCHEMA__.claim_prune_gate(p_slot);
+            END IF;
+            v_receipts := v_count;
         ELSE
             -- deleted leases leave only dead tuples; a live lease blocks
             v_gate := CASE WHEN EXISTS (SELECT 1 FROM __SCHEMA__.leases l WHERE l.lease_slot = p_slot)
