@@ -42,8 +42,11 @@ class MaintenanceConfig:
     election_interval: float = 1.0
     promote_interval: float = 0.25
     rescue_interval: float = 1.0
-    # "ready" absent: the ready ring follows the queues' history_retention (see ready_timing)
-    rotate_intervals: dict[str, float] = field(default_factory=lambda: {"claim": 1.0, "lease": 30.0})
+    # "ready" absent: the ready ring follows the queues' history_retention (see ready_timing).
+    # The claim ring every 4 s: each of its prunes (a TRUNCATE) holds every claim for ~3 ms and
+    # makes every claimer plan its claim again, so fewer, larger prunes cut the pickup tail
+    # (docs/storage.md, "Rotation and prune").
+    rotate_intervals: dict[str, float] = field(default_factory=lambda: {"claim": 4.0, "lease": 30.0})
     prune_interval: float = 0.5
     # every slot is asked again at least this often, even one known clean (see Maintenance.prune_once)
     prune_recheck_interval: float = 15.0
