@@ -49,6 +49,14 @@ def counted(conn: psycopg.Connection, count: Callable[[psycopg.Connection], dict
     return result, {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
 
 
+def function_calls(conn: psycopg.Connection, schema: str) -> dict[str, int]:
+    """Calls per PL/pgSQL function of ``schema`` in ``conn``'s current transaction (``track_functions``
+    on), the ones its backend has not yet flushed to the shared statistics; a ``count`` for :func:`counted`."""
+    rows = conn.execute("SELECT funcname, calls FROM pg_stat_xact_user_functions WHERE schemaname = %s",
+                        (schema,)).fetchall()
+    return {name: int(n) for name, n in rows}
+
+
 def ring_child_blocks(conn: psycopg.Connection, schema: str, children: str) -> dict[str, int]:
     """Buffers this transaction fetched from each table of ``schema`` whose name matches the regular
     expression ``children`` (a ring's children, e.g. ``'^leases_[0-9]+$'``) and from each of their indexes."""

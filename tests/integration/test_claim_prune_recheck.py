@@ -15,9 +15,9 @@ import threading
 import psycopg
 import pytest
 
-from tests.fixtures.database import connect, scalar, sqlx
+from tests.fixtures.database import connect, scalar
 from tests.fixtures.waiting import wait_for
-from tests.integration.storage_helpers import claim, complete, counted, counts, enqueue
+from tests.integration.storage_helpers import claim, complete, counted, counts, enqueue, function_calls
 
 pytestmark = pytest.mark.integration
 
@@ -27,9 +27,7 @@ GATES = ("claim_prune_gate", "lanes_cursor_advance")
 
 def _gate_calls(conn: psycopg.Connection, schema: str) -> dict[str, int]:
     """Calls this transaction made of the claim ring's gate functions."""
-    rows = sqlx(conn, schema, "SELECT funcname, calls FROM pg_stat_xact_user_functions "
-                "WHERE schemaname = %s AND funcname = ANY(%s)", (schema, list(GATES))).fetchall()
-    return {name: int(n) for name, n in rows}
+    return {name: n for name, n in function_calls(conn, schema).items() if name in GATES}
 
 
 def _receipts(conn: psycopg.Connection, schema: str, slot: int) -> int:

@@ -9,22 +9,13 @@ new ready slot.
 
 from __future__ import annotations
 
-import psycopg
 import pytest
 
-from tests.fixtures.database import sqlx
-from tests.integration.storage_helpers import claim, counted, enqueue, ring_current
+from tests.integration.storage_helpers import claim, counted, enqueue, function_calls, ring_current
 
 pytestmark = pytest.mark.integration
 
 Q = "q"
-
-
-def _function_calls(conn: psycopg.Connection, schema: str) -> dict[str, int]:
-    """Calls this transaction made of each PL/pgSQL function of ``schema``."""
-    rows = sqlx(conn, schema, "SELECT funcname, calls FROM pg_stat_xact_user_functions WHERE schemaname = %s",
-                (schema,)).fetchall()
-    return {name: int(n) for name, n in rows}
 
 
 def test_a_quiet_claim_calls_no_ring_lookup_and_follows_both_rings(schema, storage, conn):
@@ -33,7 +24,7 @@ def test_a_quiet_claim_calls_no_ring_lookup_and_follows_both_rings(schema, stora
         if rotate:
             storage.ring_rotate(conn, rotate)
         job_id = enqueue(schema, conn, Q)
-        snaps, calls = counted(conn, lambda c: _function_calls(c, schema), lambda: claim(storage, conn, Q, 10))
+        snaps, calls = counted(conn, lambda c: function_calls(c, schema), lambda: claim(storage, conn, Q, 10))
         assert [s.job_id for s in snaps] == [job_id]
         assert calls.get("claim_batch_v4") == 1, calls
         assert "ring_current" not in calls, calls

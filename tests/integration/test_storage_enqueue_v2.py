@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from tests.fixtures.database import connect, sqlx
-from tests.integration.storage_helpers import claim, enqueue, wait_blocked, warm_lanes
+from tests.integration.storage_helpers import claim, enqueue, function_calls, wait_blocked, warm_lanes
 
 Q = "q"
 
@@ -21,9 +21,7 @@ def _frames(p: psycopg.Connection, schema: str) -> dict[str, int]:
     With track_functions = all; the counts may span earlier transactions of the backend, so
     callers compare two readings (:func:`_calls_between`).
     """
-    rows = p.execute("SELECT funcname, calls FROM pg_stat_xact_user_functions WHERE schemaname = %s",
-                     (schema,)).fetchall()
-    return {name: int(calls) for name, calls in rows}
+    return function_calls(p, schema)
 
 
 def _calls_between(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
