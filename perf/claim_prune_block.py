@@ -48,7 +48,6 @@ def prune_while_reading(dsn: str, schema: str, storage: Storage, conn: psycopg.C
 
     def reader() -> None:
         with connect(dsn) as r:
-            r.autocommit = True
             while not stop.is_set():
                 t = time.perf_counter()
                 r.execute(f'SELECT max(last_seq) FROM "{schema}".lease_claims WHERE lane_id = 1 AND last_seq > 0')
@@ -80,18 +79,17 @@ def main() -> None:
         raise SystemExit("--schema must start with 'bench' (it is dropped and migrated anew)")
     sizes = [int(x) for x in a.receipts.split(",")]
     for r in range(a.rounds):
-        with connect(a.dsn) as c:
-            c.autocommit = True
+        with connect(a.dsn) as c:  # autocommit, as connect() opens it
             c.execute(f'DROP SCHEMA IF EXISTS "{a.schema}" CASCADE')
         app = App(a.dsn, a.schema)
         app.migrate()
         storage = Storage(a.schema)
         with connect(a.dsn) as conn:
-            conn.autocommit = True
             for n in sizes:
                 slot = fill_slot(app, storage, conn, n)
                 assert storage.ring_rotate(conn, "claim") is not None, "the next claim slot is not free"
-                # one claim through the new slot moves the lane's cursor past the sealed slot's receipts
+                # one job through the new slot, then an empty claim: the lane's cursor passes every
+                # receipt of the sealed slot (and the new one), so its gates can pass
                 fill_slot(app, storage, conn, 1)
                 storage.lane_claim(conn, QUEUE, 1)
                 out = prune_while_reading(a.dsn, a.schema, storage, conn, slot)
